@@ -1,0 +1,148 @@
+"""The Chat Completions service: messages in, a chat.completion (or its chunks) out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from podium.api.generation import (Choice, check_model, choice_seed, new_id, output_budget,
+                                   run_choices, sampling_params, stop_strings)
+from podium.engine.base import Engine, EngineRequest
+from podium.errors import InvalidRequestError
+from podium.parsing.events import Finish
+from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, Message, TextPart,
+                                  ToolMessage)
+from podium.render.chat import ChatChunks, ChatFold
+from podium.settings import Settings
+from podium.text.pipeline import TextPipeline
+from podium.text.template import ChatTemplate
+
+# Used only when a model file carries no template of its own.
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class ChatService:
+    def __init__(self, engine: Engine, settings: Settings):
+        self._engine = engine
+        self._settings = settings
+        tok = engine.tokenizer
+        self._template = ChatTemplate(engine.info.chat_template or FALLBACK_TEMPLATE,
+                                      bos_token=tok.bos_token, eos_token=tok.eos_token)
+
+    async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
+        """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
+        engine = self._engine
+        check_model(req.model, engine)
+        _refuse_unsupported(req)
+        prompt = engine.tokenizer.encode(self._render(req), add_special=True)
+        budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
+                               engine.info.context_length)
+        choices = [self._choice(req, prompt, budget, i) for i in range(req.n)]
+        cid, created = new_id("chatcmpl"), int(time.time())
+        if req.stream:
+            return self._stream(req, choices, len(prompt), cid, created)
+        fold = ChatFold(req.n, engine.tokenizer, req.logprobs)
+        async for index, event in run_choices(engine, choices):
+            fold.add(index, event)
+        return fold.result(cid, created, req.model, len(prompt))
+
+    def _render(self, req: ChatCompletionRequest) -> str:
+        template = self._template
+        if req.chat_template is not None:
+            if not self._settings.allow_request_chat_template:
+                raise InvalidRequestError(
+                    "Per-request chat templates are disabled on this server (start it with "
+                    "--allow-request-chat-template to allow them)", param="chat_template")
+            tok = self._engine.tokenizer
+            template = ChatTemplate(req.chat_template, bos_token=tok.bos_token,
+                                    eos_token=tok.eos_token)
+        tools = None
+        if req.tools and req.tool_choice != "none":
+            tools = [t.model_dump(exclude_none=True) for t in req.tools]
+        return template.render([_template_message(m, i) for i, m in enumerate(req.messages)],
+                               tools=tools, add_generation_prompt=req.add_generation_prompt,
+                               **(req.chat_template_kwargs or {}))
+
+    def _choice(self, req: ChatCompletionRequest, prompt: list[int], budget: int,
+                index: int) -> Choice:
+        tok = self._engine.tokenizer
+        seed = choice_seed(req.seed, self._settings.seed, index)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        request = EngineRequest(new_id("req"), prompt,
+                                sampling_params(req, budget, tok.vocab_size, seed), logprobs)
+        return Choice(request, TextPipeline(tok, stop_strings(req.stop), req.logprobs))
+
+    async def _stream(self, req: ChatCompletionRequest, choices: list[Choice],
+                      prompt_tokens: int, cid: str, created: int) -> AsyncIterator[dict]:
+        chunks = ChatChunks(cid, created, req.model, self._engine.tokenizer, req.logprobs)
+        for i in range(len(choices)):
+            yield chunks.role(i)
+        completion_tokens = 0
+        async for index, event in run_choices(self._engine, choices):
+            if isinstance(event, Finish):
+                completion_tokens += event.completion_tokens
+            chunk = chunks.event(index, event)
+            if chunk is not None:
+                yield chunk
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield chunks.usage(prompt_tokens, completion_tokens)
+
+
+def _refuse_unsupported(req: ChatCompletionRequest) -> None:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs to be true",
+                                  param="top_logprobs")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise InvalidRequestError(
+            f"response_format {req.response_format.type!r} is not supported yet",
+            param="response_format")
+    if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
+        raise InvalidRequestError("tool_choice 'required' or a named function is not "
+                                  "supported yet; use 'auto' or 'none'", param="tool_choice")
+
+
+def _text(content: Any, where: str) -> str | None:
+    """Message content as one string; non-text parts are refused (the model reads text only)."""
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, TextPart):
+            raise InvalidRequestError(
+                f"This model accepts text only; content part of type {part.type!r} is not "
+                f"supported", param=f"{where}.content[{j}]")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _template_message(message: Message, index: int) -> dict[str, Any]:
+    """A message in the shape Hugging Face chat templates expect."""
+    where = f"messages[{index}]"
+    role = "system" if message.role == "developer" else message.role
+    out: dict[str, Any] = {"role": role, "content": _text(message.content, where)}
+    if getattr(message, "name", None):
+        out["name"] = message.name
+    if isinstance(message, ToolMessage):
+        out["tool_call_id"] = message.tool_call_id
+    if isinstance(message, AssistantMessage):
+        reasoning = message.reasoning_content or message.reasoning
+        if reasoning:
+            out["reasoning_content"] = reasoning
+        if message.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in message.tool_calls]
+    return out
+
+
+def _arguments(raw: str) -> Any:
+    """Templates render arguments with ``tojson``: hand them the object, not its JSON text."""
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, dict) else raw

@@ -1,0 +1,104 @@
+"""The (legacy) Completions service: raw prompts in, text_completion objects or chunks out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from podium.api.generation import (Choice, check_model, choice_seed, new_id, output_budget,
+                                   run_choices, sampling_params, stop_strings)
+from podium.engine.base import Engine, EngineRequest
+from podium.errors import InvalidRequestError
+from podium.parsing.events import Finish
+from podium.protocol.completions import CompletionRequest
+from podium.render.completions import CompletionChunks, CompletionFold
+from podium.settings import Settings
+from podium.text.pipeline import TextPipeline
+
+
+@dataclass
+class Prompt:
+    text: str            # what ``echo`` repeats
+    token_ids: list[int]
+
+
+class CompletionService:
+    def __init__(self, engine: Engine, settings: Settings):
+        self._engine = engine
+        self._settings = settings
+
+    async def create(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
+        engine = self._engine
+        check_model(req.model, engine)
+        _refuse_unsupported(req)
+        prompts = self._prompts(req.prompt)
+        choices, echoes = [], []
+        for p in prompts:
+            budget = output_budget(len(p.token_ids), req.max_tokens, engine.info.context_length)
+            for i in range(req.n):
+                choices.append(self._choice(req, p, budget, i))
+                echoes.append(p if req.echo else None)
+        prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        render_args = (new_id("cmpl"), int(time.time()), req.model)
+        if req.stream:
+            chunks = CompletionChunks(*render_args, engine.tokenizer, req.logprobs, echoes)
+            return self._stream(req, choices, chunks, prompt_tokens)
+        fold = CompletionFold(engine.tokenizer, req.logprobs, echoes)
+        async for index, event in run_choices(engine, choices):
+            fold.add(index, event, choices[index].pipeline)
+        return fold.result(*render_args, prompt_tokens)
+
+    def _prompts(self, raw: Any) -> list[Prompt]:
+        tok = self._engine.tokenizer
+        if isinstance(raw, str):
+            raw = [raw]
+        elif raw and isinstance(raw[0], int):
+            raw = [raw]
+        prompts = []
+        for i, item in enumerate(raw):
+            if isinstance(item, str):
+                prompts.append(Prompt(item, tok.encode(item, add_special=True)))
+                continue
+            bad = next((t for t in item if t >= tok.vocab_size), None)
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"Token id {bad} is outside the vocabulary (0..{tok.vocab_size - 1})",
+                    param=f"prompt[{i}]")
+            prompts.append(Prompt(tok.decode(item), list(item)))
+        for i, p in enumerate(prompts):
+            if not p.token_ids:
+                raise InvalidRequestError("The prompt is empty", param=f"prompt[{i}]")
+        return prompts
+
+    def _choice(self, req: CompletionRequest, prompt: Prompt, budget: int, index: int) -> Choice:
+        tok = self._engine.tokenizer
+        seed = choice_seed(req.seed, self._settings.seed, index)
+        want = req.logprobs is not None
+        request = EngineRequest(new_id("req"), prompt.token_ids,
+                                sampling_params(req, budget, tok.vocab_size, seed),
+                                logprobs=req.logprobs,
+                                prompt_logprobs=req.logprobs if want and req.echo else None)
+        return Choice(request, TextPipeline(tok, stop_strings(req.stop), want))
+
+    async def _stream(self, req: CompletionRequest, choices: list[Choice],
+                      chunks: CompletionChunks, prompt_tokens: int) -> AsyncIterator[dict]:
+        completion_tokens = 0
+        async for index, event in run_choices(self._engine, choices):
+            if isinstance(event, Finish):
+                completion_tokens += event.completion_tokens
+            for chunk in chunks.event(index, event, choices[index].pipeline):
+                yield chunk
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield chunks.usage(prompt_tokens, completion_tokens)
+
+
+def _refuse_unsupported(req: CompletionRequest) -> None:
+    if req.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise InvalidRequestError("best_of is not supported (it must equal n when given)",
+                                  param="best_of")
+    if req.max_tokens == 0 and not req.echo:
+        raise InvalidRequestError("max_tokens must be at least 1 unless echo is true",
+                                  param="max_tokens")

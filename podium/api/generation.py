@@ -1,0 +1,155 @@
+"""What the generating APIs share: request checks, sampling params, and the per-choice run.
+
+``run_choices`` drives one engine request per choice through its text pipeline and yields
+``(choice_index, event)`` pairs in the order they happen; it is the single stream every
+rendering (streamed chunks or a folded object) is computed from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from podium.engine.base import Engine, EngineRequest, SamplingParams
+from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
+from podium.parsing.events import Event
+from podium.protocol.common import SamplingFields
+from podium.text.pipeline import TextPipeline
+
+
+def check_model(requested: str, engine: Engine) -> None:
+    if requested != engine.info.served_name:
+        raise ModelNotFound(f"The model '{requested}' does not exist; this server serves "
+                            f"'{engine.info.served_name}'", param="model")
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def output_budget(prompt_tokens: int, requested: int | None, context: int) -> int:
+    """Max new tokens: as asked, or what the context has left; 400 if that does not fit."""
+    if prompt_tokens >= context:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens, but the prompt has "
+            f"{prompt_tokens} tokens", param="messages")
+    if requested is None:
+        return context - prompt_tokens
+    if prompt_tokens + requested > context:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + requested} tokens ({prompt_tokens} in the prompt, {requested} "
+            f"for the completion). Please reduce the prompt or the completion length.",
+            param="max_tokens")
+    return requested
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, vocab_size: int,
+                    seed: int | None) -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        seed=seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        logit_bias=logit_bias(req.logit_bias, vocab_size),
+        max_tokens=max_tokens,
+    )
+
+
+def logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, bias in (raw or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequestError(f"logit_bias keys must be token ids; got {key!r}",
+                                      param="logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise InvalidRequestError(
+                f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})",
+                param="logit_bias")
+        out[token] = bias
+    return out
+
+
+def choice_seed(seed: int | None, default_seed: int, index: int) -> int | None:
+    """Choice i of a seeded request uses seed + i, so choice 0 equals the same request with n=1."""
+    if seed is not None:
+        return (seed + index) & 0xFFFFFFFF
+    return None if default_seed < 0 else (default_seed + index) & 0xFFFFFFFF
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+@dataclass
+class Choice:
+    """One engine request and the pipeline that turns its tokens into events."""
+
+    request: EngineRequest
+    pipeline: TextPipeline
+
+
+async def run_choice(engine: Engine, index: int, choice: Choice
+                     ) -> AsyncIterator[tuple[int, Event]]:
+    outputs = engine.generate(choice.request)
+    try:
+        async for out in outputs:
+            for event in choice.pipeline.feed(out):
+                yield index, event
+            if choice.pipeline.finished:
+                break
+    finally:
+        # Stopping early (a stop string, a disconnect) must end the engine's work at once.
+        await outputs.aclose()
+        if not choice.pipeline.finished:
+            await engine.abort(choice.request.request_id)
+
+
+async def run_choices(engine: Engine, choices: list[Choice]) -> AsyncIterator[tuple[int, Event]]:
+    if len(choices) == 1:
+        async for item in run_choice(engine, 0, choices[0]):
+            yield item
+        return
+    async for item in _merge([run_choice(engine, i, c) for i, c in enumerate(choices)]):
+        yield item
+
+
+async def _merge(streams: list[AsyncIterator[tuple[int, Event]]]
+                 ) -> AsyncIterator[tuple[int, Event]]:
+    """Interleave several streams in arrival order; closing the merge closes them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[tuple[int, Event]]) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+            await queue.put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer below
+            await queue.put(exc)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,75 @@
+"""``podium serve``: the command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from podium.errors import ModelFilesError
+from podium.settings import Settings
+
+USAGE = """usage: podium <command> [options]
+
+commands:
+  serve        serve the OpenAI API (default model when --model is not given)
+  model-path   print the local path of the model --model names (assembling or
+               downloading it first if needed)
+
+'podium serve --help' lists every setting."""
+
+
+def served_name(settings: Settings, path: Path) -> str:
+    from podium.engine.llamacpp.model_files import DEFAULT_MODEL
+
+    if settings.served_model_name:
+        return settings.served_model_name
+    if not settings.model:
+        return DEFAULT_MODEL.served_name
+    return path.stem
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from podium.engine.llamacpp.engine import LlamaCppEngine
+    from podium.engine.llamacpp.model_files import resolve_model
+    from podium.server.app import create_app
+
+    path = resolve_model(settings.model, settings.model_file)
+    engine = LlamaCppEngine(path, served_name=served_name(settings, path),
+                            n_ctx=settings.ctx_size, n_batch=settings.batch_size,
+                            n_threads=settings.threads)
+    logging.getLogger("podium").info(
+        "serving %s as %r (context %d tokens)", path, engine.info.served_name,
+        engine.info.context_length)
+    app = create_app(settings, engine)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("serve", "model-path"):
+        print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    settings = Settings.from_sources(argv[1:])
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if argv[0] == "model-path":
+            from podium.engine.llamacpp.model_files import resolve_model
+
+            print(resolve_model(settings.model, settings.model_file))
+        else:
+            serve(settings)
+    except ModelFilesError as exc:
+        print(f"podium: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The engine boundary: what the API layer asks of an inference engine, and what it gets back.
+
+An engine turns prompt token ids into a stream of new token ids. Everything textual
+(detokenizing, stop strings, parsing) happens above this line, so engines stay small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0: off
+    min_p: float = 0.0                  # 0: off
+    seed: int | None = None             # None: the engine picks one
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0     # 1: off
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    max_tokens: int = 16
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    logprobs: int | None = None         # None: no logprobs; k: chosen token plus top k
+    prompt_logprobs: int | None = None  # same, for every prompt token after the first
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """The chosen token's log-probability and the ``top`` most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class EngineOutput:
+    """What one decode step produced for one request."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None     # set on the request's last output
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # first output only, when asked
+    stopped_by_token: bool = False      # the last token is EOS / a stop token: count it, no text
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    bos_token: str
+    eos_token: str
+    eos_token_ids: frozenset[int]
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]: ...
+    def piece(self, token_id: int) -> bytes: ...
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    served_name: str
+    context_length: int
+    chat_template: str | None
+    created: int
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    tokenizer: Tokenizer
+    info: ModelInfo
+    stats: dict[str, int]               # running, waiting, requests, generated_tokens
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]: ...
+    async def abort(self, request_id: str) -> None: ...
+    async def aclose(self) -> None: ...

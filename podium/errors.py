@@ -1,0 +1,93 @@
+"""Podium's exceptions, and how each becomes an OpenAI error body.
+
+Every error a client can see is one of these, raised where it is found and turned into
+``{"error": {"message", "type", "param", "code"}}`` in exactly one handler
+(``podium.server.errors``)::
+
+    PodiumError                      500 server_error
+    ├── InvalidRequestError          400 invalid_request_error
+    │   └── ContextLengthExceeded    400 invalid_request_error / context_length_exceeded
+    ├── AuthenticationError          401 invalid_request_error / invalid_api_key
+    ├── NotFoundError                404 invalid_request_error
+    │   └── ModelNotFound            404 invalid_request_error / model_not_found
+    ├── PayloadTooLarge              413 invalid_request_error / payload_too_large
+    ├── EngineError                  500 server_error (the engine failed mid-request)
+    └── ModelFilesError              (start-up only: the model file cannot be had)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PodiumError(Exception):
+    """Base of every Podium error; unexpected failures map to 500 ``server_error``."""
+
+    status_code = 500
+    error_type = "server_error"
+    default_code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+
+    def to_body(self) -> dict[str, Any]:
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+class InvalidRequestError(PodiumError):
+    """The request is malformed or asks for something Podium cannot do (400)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequestError):
+    """Prompt plus requested output do not fit the model's context window (400)."""
+
+    default_code = "context_length_exceeded"
+
+
+class AuthenticationError(PodiumError):
+    """API keys are configured and the request's key is missing or wrong (401)."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class NotFoundError(PodiumError):
+    """The route or object does not exist (404)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+
+
+class ModelNotFound(NotFoundError):
+    """The request names a model this server does not serve (404)."""
+
+    default_code = "model_not_found"
+
+
+class PayloadTooLarge(PodiumError):
+    """The request body is over the configured limit (413)."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class EngineError(PodiumError):
+    """The inference engine failed while serving a request (500)."""
+
+
+class ModelFilesError(PodiumError):
+    """The model file cannot be found, assembled or downloaded (raised at start-up)."""
+
+
+def error_body(message: str, error_type: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error object, used for HTTP bodies and in-band stream errors alike."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -1,0 +1,146 @@
+"""Chat Completions request models (``POST /v1/chat/completions``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from podium.protocol.common import LENIENT, SamplingFields
+
+
+class TextPart(BaseModel):
+    model_config = LENIENT
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(BaseModel):
+    model_config = LENIENT
+    type: Literal["image_url"]
+    image_url: Any
+
+
+class AudioPart(BaseModel):
+    model_config = LENIENT
+    type: Literal["input_audio"]
+    input_audio: Any
+
+
+class FilePart(BaseModel):
+    model_config = LENIENT
+    type: Literal["file"]
+    file: Any
+
+
+class RefusalPart(BaseModel):
+    model_config = LENIENT
+    type: Literal["refusal"]
+    refusal: str
+
+
+UserPart = Annotated[TextPart | ImagePart | AudioPart | FilePart, Field(discriminator="type")]
+AssistantPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
+
+
+class FunctionCall(BaseModel):
+    model_config = LENIENT
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = LENIENT
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(BaseModel):
+    model_config = LENIENT
+    role: Literal["system"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class DeveloperMessage(BaseModel):
+    model_config = LENIENT
+    role: Literal["developer"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class UserMessage(BaseModel):
+    model_config = LENIENT
+    role: Literal["user"]
+    content: str | list[UserPart]
+    name: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    model_config = LENIENT
+    role: Literal["assistant"]
+    content: str | list[AssistantPart] | None = None
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class ToolMessage(BaseModel):
+    model_config = LENIENT
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str
+
+
+Message = Annotated[
+    SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage,
+    Field(discriminator="role")]
+
+
+class FunctionDefinition(BaseModel):
+    model_config = LENIENT
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = LENIENT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = LENIENT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = LENIENT
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ResponseFormat(BaseModel):
+    model_config = LENIENT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True

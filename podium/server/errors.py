@@ -1,0 +1,68 @@
+"""The one place where exceptions become OpenAI error responses."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from podium.errors import PodiumError, error_body
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, body: dict, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
+def _location(loc: tuple) -> str:
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+async def on_podium_error(_: Request, exc: PodiumError) -> Response:
+    if exc.status_code >= 500:
+        log.error("request failed: %s", exc.message)
+    return error_response(exc.status_code, exc.to_body())
+
+
+async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "Invalid request"}
+    param = _location(tuple(first.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        message, param = f"The request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+    else:
+        message = "; ".join(f"{_location(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}"
+                            for e in errors[:5])
+    return error_response(400, error_body(message, "invalid_request_error", param or None))
+
+
+async def on_http_error(_: Request, exc: HTTPException) -> Response:
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    message = exc.detail if isinstance(exc.detail, str) else "Request failed"
+    if exc.status_code == 404:
+        message = "Not found: no such route"
+    return error_response(exc.status_code, error_body(message, kind, None, None),
+                          headers=getattr(exc, "headers", None))
+
+
+async def on_unexpected(_: Request, exc: Exception) -> Response:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, error_body("The server had an error while processing your "
+                                          "request.", "server_error"))
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(PodiumError, on_podium_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,76 @@
+"""Server-sent events at the HTTP edge: JSON encoding, framing, errors after the first byte.
+
+``SSEResponse`` streams an iterator of JSON-able objects as ``data:`` events and ends with
+``data: [DONE]``. Once the 200 has been sent no status can change, so a failure mid-stream
+becomes an in-band ``{"error": ...}`` event, then ``[DONE]``, then the end of the body. A
+client that goes away cancels the stream at once, which closes the iterator and with it the
+engine request (abort), instead of waiting for the next write to fail.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncIterator
+
+import anyio
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from podium.errors import PodiumError, error_body
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
+           (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+def frame(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def error_frame(exc: BaseException) -> bytes:
+    if isinstance(exc, PodiumError):
+        return frame(exc.to_body())
+    return frame(error_body("The server failed while streaming the response.", "server_error"))
+
+
+class SSEResponse(Response):
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[Any]):
+        self._events = events
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        async with anyio.create_task_group() as group:
+            async def stream_then_stop() -> None:
+                await self._stream(send)
+                group.cancel_scope.cancel()
+
+            group.start_soon(stream_then_stop)
+            await _until_disconnect(receive)
+            group.cancel_scope.cancel()
+
+    async def _stream(self, send: Send) -> None:
+        events = self._events
+        try:
+            async for obj in events:
+                await send({"type": "http.response.body", "body": frame(obj), "more_body": True})
+        except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
+            if not isinstance(exc, PodiumError) or exc.status_code >= 500:
+                log.exception("stream failed")
+            await send({"type": "http.response.body", "body": error_frame(exc),
+                        "more_body": True})
+        finally:
+            await events.aclose()
+        await send({"type": "http.response.body", "body": DONE, "more_body": False})
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,86 @@
+"""One settings object, filled from command-line flags and ``PODIUM_*`` environment variables.
+
+A flag wins over its environment variable, which wins over the default. Each field's
+metadata holds its help text; the ``podium serve`` parser is generated from the fields, so
+the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ENV_PREFIX = "PODIUM_"
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class Settings:
+    host: str = _opt("127.0.0.1", "Address to listen on.")
+    port: int = _opt(8000, "Port to listen on.")
+    model: str | None = _opt(
+        None,
+        "A GGUF file path, a Hugging Face repo id (with --model-file, or 'repo_id:file.gguf'), "
+        "or empty for the default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M).")
+    model_file: str | None = _opt(None, "File name inside the Hugging Face repo given by --model.")
+    served_model_name: str | None = _opt(
+        None, "The model id clients use (default: derived from the model file name).")
+    api_key: list[str] = _opt(
+        (), "API key clients must send as a Bearer token; repeat for several. "
+        "PODIUM_API_KEY takes a comma-separated list.", multiple=True)
+    cors_origins: list[str] = _opt(
+        (), "Origins allowed by CORS ('*' for any); repeat for several.", multiple=True)
+    max_body_bytes: int = _opt(8 * 1024 * 1024, "Largest request body accepted (413 beyond).")
+    allow_request_chat_template: bool = _opt(
+        False, "Let requests carry their own 'chat_template' (refused with 400 otherwise).")
+    # engine
+    ctx_size: int = _opt(8192, "Context window in tokens (0: the model's trained length).")
+    threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")
+    batch_size: int = _opt(512, "Tokens per prompt-processing batch.")
+    seed: int = _opt(-1, "Default sampling seed for requests without one (-1: random).")
+    log_level: str = _opt("info", "Log level: debug, info, warning, error.")
+
+    @classmethod
+    def from_sources(cls, argv: list[str] | None = None,
+                     environ: Mapping[str, str] | None = None) -> "Settings":
+        """Parse ``argv`` (flags) over ``environ`` (``PODIUM_*``) over the defaults."""
+        environ = os.environ if environ is None else environ
+        values = {f.name: _from_env(f, environ[ENV_PREFIX + f.name.upper()])
+                  for f in dataclasses.fields(cls) if ENV_PREFIX + f.name.upper() in environ}
+        parsed = build_parser(cls).parse_args(argv or [])
+        values.update({k: v for k, v in vars(parsed).items() if v is not None})
+        return cls(**values)
+
+
+def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = None
+                 ) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="podium serve")
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        help_text = f"{f.metadata['help']} [env {env}; default {f.default!r}]"
+        if f.metadata.get("multiple"):
+            parser.add_argument(flag, action="append", default=None, help=help_text)
+        elif f.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+        else:
+            kind = int if f.type in ("int", int) else str
+            parser.add_argument(flag, type=kind, default=None, help=help_text)
+    return parser
+
+
+def _from_env(f: dataclasses.Field, raw: str) -> Any:
+    if f.metadata.get("multiple"):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if f.type in ("bool", bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if f.type in ("int", int):
+        return int(raw)
+    return raw

@@ -1,0 +1,72 @@
+"""Engine outputs to text events for one choice: detokenize, then cut at stop strings.
+
+Logprobs travel with the text they belong to: a token's entry is released once all of its
+text has been released, so held-back text (a possible stop string) holds its logprobs too,
+and tokens swallowed by a stop string never report logprobs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from podium.engine.base import EngineOutput, TokenLogprob, Tokenizer
+from podium.parsing.events import Event, Finish, TextDelta
+from podium.text.detokenizer import Detokenizer
+from podium.text.stop import StopMatcher
+
+
+class TextPipeline:
+    __slots__ = ("_detok", "_stops", "_want_logprobs", "_pending", "_produced", "_released",
+                 "completion_tokens", "finished", "prompt_logprobs")
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
+                 want_logprobs: bool = False):
+        self._detok = Detokenizer(tokenizer.piece)
+        self._stops = StopMatcher(stop or [])
+        self._want_logprobs = want_logprobs
+        self._pending: deque[tuple[int, TokenLogprob]] = deque()
+        self._produced = 0       # characters out of the detokenizer so far
+        self._released = 0       # characters released to the client so far
+        self.completion_tokens = 0
+        self.finished = False
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None   # for echo
+
+    def feed(self, out: EngineOutput) -> list[Event]:
+        """Events for one engine output; the last output also yields ``Finish``."""
+        self.completion_tokens += len(out.token_ids)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        ids = out.token_ids[:-1] if out.stopped_by_token else out.token_ids
+        parts = []
+        for i, token_id in enumerate(ids):
+            text = self._detok.feed(token_id)
+            self._produced += len(text)
+            if self._want_logprobs and out.logprobs is not None:
+                self._pending.append((self._produced, out.logprobs[i]))
+            parts.append(text)
+        events = self._release(self._stops.feed("".join(parts)) if parts else "")
+        if self._stops.stopped:
+            return self._finish(events, "stop")
+        if out.finish_reason is not None:
+            tail = self._detok.flush()
+            self._produced += len(tail)
+            events += self._release(self._stops.feed(tail) + self._stops.flush())
+            reason = "stop" if self._stops.stopped else out.finish_reason
+            return self._finish(events, reason)
+        return events
+
+    def _release(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self._released += len(text)
+        logprobs = None
+        if self._want_logprobs:
+            logprobs = []
+            while self._pending and self._pending[0][0] <= self._released:
+                logprobs.append(self._pending.popleft()[1])
+        return [TextDelta(text, logprobs)]
+
+    def _finish(self, events: list[Event], reason: str) -> list[Event]:
+        self.finished = True
+        events.append(Finish(reason, self.completion_tokens))
+        return events
