@@ -43,11 +43,8 @@ class ScriptedEngine:
                   **pacing: float) -> "ScriptedEngine":
         from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 
-        model = LlamaModel(path, vocab_only=True)
-        try:
-            tokenizer = LlamaTokenizer(model)
-        finally:
-            model.close()
+        model = LlamaModel(path, vocab_only=True)   # kept alive by the tokenizer
+        tokenizer = LlamaTokenizer(model)
         info = ModelInfo(served_name, context_length,
                          model.metadata.get("tokenizer.chat_template"), created=0,
                          metadata=model.metadata)

@@ -24,7 +24,7 @@ class StopMatcher:
         if not self._stops:
             return delta
         text = self._held + delta
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+        cut = self._first_completed(text)
         if cut >= 0:
             self._held = ""
             self.stopped = True
@@ -37,6 +37,22 @@ class StopMatcher:
         """Release what was held: the output ended without completing a stop string."""
         held, self._held = self._held, ""
         return held
+
+    def _first_completed(self, text: str) -> int:
+        """Start of the stop string that completes first (ties: the longer one), or -1.
+
+        Generation ends the moment any stop string is complete, so the one that ends
+        earliest wins; this also makes the result independent of how text is chunked.
+        """
+        best_end, best_start = -1, -1
+        for stop in self._stops:
+            start = text.find(stop)
+            if start < 0:
+                continue
+            end = start + len(stop)
+            if best_end < 0 or end < best_end or (end == best_end and start < best_start):
+                best_end, best_start = end, start
+        return best_start
 
     def _partial_suffix(self, text: str) -> int:
         for k in range(min(len(text), self._longest - 1), 0, -1):

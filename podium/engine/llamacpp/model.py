@@ -91,6 +91,7 @@ class LlamaTokenizer:
     """The model's own tokenizer, from its GGUF vocabulary."""
 
     def __init__(self, model: LlamaModel):
+        self._model = model          # the vocabulary lives inside the model: keep it alive
         self._vocab = model.vocab
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}

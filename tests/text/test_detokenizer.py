@@ -1,0 +1,56 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from podium.text.detokenizer import Detokenizer
+
+PIECES = ["🫠", "🦩", "𝄞", "ꙮ"] + list("abc xyz\n\t{}\"'") + ["é", "ß", "你", "好", "世界", "😀", "🚀", "👩‍💻", "🇫🇷",
+                                        "ｱ", "\u200d"]
+TEXTS = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
+
+
+def stream(tokenizer, ids):
+    detok = Detokenizer(tokenizer.piece)
+    deltas = [detok.feed(t) for t in ids]
+    return deltas, detok.flush()
+
+
+def test_emoji_split_across_tokens_never_yields_replacement(tokenizer):
+    ids = tokenizer.encode("Party 🎉 time 你好", add_special=False)
+    pieces = [tokenizer.piece(t) for t in ids]
+    # the point of the test: some token really carries a partial UTF-8 character
+    assert any(_partial(p) for p in pieces)
+    deltas, tail = stream(tokenizer, ids)
+    assert "".join(deltas) + tail == "Party 🎉 time 你好"
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def _partial(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(TEXTS)
+def test_concatenated_deltas_equal_full_decode(tokenizer, text):
+    ids = tokenizer.encode(text, add_special=False)
+    deltas, tail = stream(tokenizer, ids)
+    assert "".join(deltas) + tail == tokenizer.decode(ids) == text
+    assert "\ufffd" not in "".join(deltas)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=151_935), max_size=40))
+def test_any_token_sequence_matches_one_shot_decode(tokenizer, ids):
+    deltas, tail = stream(tokenizer, ids)
+    assert "".join(deltas) + tail == tokenizer.decode(ids)
+
+
+def test_unfinished_character_at_the_end_becomes_one_replacement(tokenizer):
+    ids = tokenizer.encode("🫠", add_special=False)
+    assert len(ids) == 3
+    deltas, tail = stream(tokenizer, ids[:-1])
+    assert "".join(deltas) == ""
+    assert tail == "\ufffd"
