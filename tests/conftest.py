@@ -8,7 +8,7 @@ from typing import Callable
 import pytest
 from starlette.testclient import TestClient
 
-from podium.engine.base import EngineRequest
+from podium.engine.base import EngineRequest, ModelInfo
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.model_files import default_model_path
 from podium.engine.scripted import ScriptedEngine
@@ -30,20 +30,15 @@ def tokenizer(model_path: Path) -> LlamaTokenizer:
 
 @pytest.fixture(scope="session")
 def chat_template(model_path: Path) -> str:
-    model = LlamaModel(model_path, vocab_only=True)
-    try:
-        return model.metadata["tokenizer.chat_template"]
-    finally:
-        model.close()
+    return LlamaModel(model_path, vocab_only=True).metadata["tokenizer.chat_template"]
 
 
 @pytest.fixture
-def scripted(model_path: Path) -> Callable[..., ScriptedEngine]:
+def scripted(tokenizer, chat_template) -> Callable[..., ScriptedEngine]:
     """Build a scripted engine (the default model's tokenizer and template) replaying replies."""
-    def build(replies, **pacing) -> ScriptedEngine:
-        return ScriptedEngine.from_gguf(model_path, replies, served_name=SERVED,
-                                        context_length=pacing.pop("context_length", 4096),
-                                        **pacing)
+    def build(replies, context_length: int = 4096, **pacing) -> ScriptedEngine:
+        info = ModelInfo(SERVED, context_length, chat_template, created=0)
+        return ScriptedEngine(tokenizer, info, replies, **pacing)
     return build
 
 
@@ -58,8 +53,3 @@ def client_for() -> Callable[..., TestClient]:
 @pytest.fixture
 def client(scripted, client_for) -> TestClient:
     return client_for(scripted(["Hello there, how can I help?"]))
-
-
-def echo_last_user(request: EngineRequest) -> list[int]:
-    """A reply script: repeat the prompt's tokens (handy to check what the engine was sent)."""
-    return list(request.prompt_token_ids[-5:])

@@ -43,7 +43,7 @@ class APIKeyMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuses bodies over ``limit`` bytes with 413, whether announced or streamed."""
+    """Refuses bodies over ``limit`` bytes with 413, whether announced or sent chunked."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -54,17 +54,25 @@ class BodyLimitMiddleware:
             return await self.app(scope, receive, send)
         too_large = PayloadTooLarge(f"The request body is larger than {self._limit} bytes")
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self._limit:
-            return await _send_error(send, too_large)
-        seen = 0
-
-        async def counting_receive() -> Message:
-            nonlocal seen
+        if length is not None:      # the server holds the client to its announced length
+            if length.isdigit() and int(length) > self._limit:
+                return await _send_error(send, too_large)
+            return await self.app(scope, receive, send)
+        # Chunked: read (and count) the body here, then replay it to the app.
+        received, size = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self._limit:
-                    raise too_large
-            return message
+            if message["type"] != "http.request":
+                return
+            size += len(message.get("body", b""))
+            if size > self._limit:
+                return await _send_error(send, too_large)
+            received.append(message)
+            if not message.get("more_body"):
+                break
+        pending = iter(received)
 
-        await self.app(scope, counting_receive, send)
+        async def replay() -> Message:
+            return next(pending, None) or await receive()
+
+        await self.app(scope, replay, send)
