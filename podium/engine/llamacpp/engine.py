@@ -149,47 +149,53 @@ class LlamaCppEngine:
             prompt_logprobs = None
             if finish is not None:
                 return
-            self._decode([token], len(self._cached), want_all=False)
+            self._decode([token], len(self._cached), logits="last")
 
     def _prefill(self, prompt: list[int], prompt_logprobs: int | None
                  ) -> list[TokenLogprob | None] | None:
-        """Bring the KV cache to ``prompt``, reusing the longest common prefix."""
+        """Bring the KV cache to ``prompt``, reusing the longest common prefix.
+
+        llama.cpp's numbers depend on how tokens are batched (a token decoded alone and the
+        same token inside a batch give logits a few tenths apart). So that an answer depends
+        on the prompt alone, not on what the cache happened to hold, batches are aligned to
+        absolute positions (multiples of the batch size), reuse only keeps whole aligned
+        batches, and the last prompt token is always decoded on its own, like every
+        generated token.
+        """
+        step = self._n_batch if prompt_logprobs is None else min(self._n_batch, 64)
         keep = 0 if prompt_logprobs is not None else _common_prefix(self._cached, prompt)
-        keep = min(keep, len(prompt) - 1)          # the last token must run to get logits
+        keep = min(keep, len(prompt) - 1) // step * step
         mem = llama_cpp.llama_get_memory(self._model.ctx)
         if not llama_cpp.llama_memory_seq_rm(mem, _SEQ, keep, -1):
             llama_cpp.llama_memory_clear(mem, True)
             keep = 0
         self._cached = self._cached[:keep]
         scored: list[TokenLogprob | None] | None = [None] if prompt_logprobs is not None else None
-        # Scoring needs every position's logits: smaller chunks bound that buffer.
-        step = self._n_batch if scored is None else min(self._n_batch, 64)
-        for start in range(keep, len(prompt), step):
-            chunk = prompt[start:start + step]
-            self._decode(chunk, start, want_all=scored is not None)
+        body = len(prompt) - 1
+        for start in range(keep, body, step):
+            end = min(start + step, body)
+            self._decode(prompt[start:end], start, logits="all" if scored is not None else "none")
             if scored is not None:
-                scored += self._score_chunk(prompt, start, len(chunk), prompt_logprobs)
+                scored += self._score_chunk(prompt, start, end - start, prompt_logprobs)
+        self._decode(prompt[body:], body, logits="last")
         return scored
 
     def _score_chunk(self, prompt: list[int], start: int, n: int, top: int
                      ) -> list[TokenLogprob]:
-        rows = []
-        for i in range(n):
-            nxt = start + i + 1
-            if nxt < len(prompt):
-                rows.append(token_logprob(logits_row(self._model.ctx, i, self._n_vocab),
-                                          prompt[nxt], top))
-        return rows
+        return [token_logprob(logits_row(self._model.ctx, i, self._n_vocab), prompt[start + i + 1],
+                              top) for i in range(n)]
 
-    def _decode(self, tokens: list[int], pos: int, *, want_all: bool) -> None:
+    def _decode(self, tokens: list[int], pos: int, *, logits: str) -> None:
+        """One ``llama_decode``; ``logits`` says which outputs to keep: none, last or all."""
         b = self._batch
         b.n_tokens = len(tokens)
+        last = len(tokens) - 1
         for i, tok in enumerate(tokens):
             b.token[i] = tok
             b.pos[i] = pos + i
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = _SEQ
-            b.logits[i] = want_all or i == len(tokens) - 1
+            b.logits[i] = logits == "all" or (logits == "last" and i == last)
         rc = llama_cpp.llama_decode(self._model.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")

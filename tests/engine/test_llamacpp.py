@@ -1,0 +1,142 @@
+"""The embedded engine on the real default model: sampling, logprobs, stops, aborts."""
+
+import asyncio
+import itertools
+
+import pytest
+
+from podium.engine.base import EngineRequest, SamplingParams
+from podium.engine.llamacpp.engine import LlamaCppEngine
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    eng = LlamaCppEngine(model_path, served_name="m", n_ctx=2048, n_batch=256)
+    yield eng
+    asyncio.run(eng.aclose())
+
+
+def prompt(engine, text):
+    return engine.tokenizer.encode(
+        f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def request(engine, text, **sampling):
+    logprobs = sampling.pop("logprobs", None)
+    prompt_logprobs = sampling.pop("prompt_logprobs", None)
+    sampling.setdefault("temperature", 0.0)
+    return EngineRequest(f"r{next(_ids)}", prompt(engine, text), SamplingParams(**sampling),
+                         logprobs, prompt_logprobs)
+
+
+async def collect(engine, req):
+    outs = [out async for out in engine.generate(req)]
+    return [t for o in outs for t in o.token_ids], outs
+
+
+def run(engine, req):
+    return asyncio.run(collect(engine, req))
+
+
+def test_greedy_is_deterministic_and_max_tokens_is_exact(engine):
+    a, outs = run(engine, request(engine, "Write a haiku about the sea.", max_tokens=12))
+    b, _ = run(engine, request(engine, "Write a haiku about the sea.", max_tokens=12))
+    assert a == b and len(a) == 12
+    assert outs[-1].finish_reason == "length"
+    assert all(o.finish_reason is None for o in outs[:-1])
+
+
+def test_seed_reproduces_sampling(engine):
+    kw = dict(max_tokens=16, temperature=1.0, top_p=0.95, top_k=40, min_p=0.01)
+    a, _ = run(engine, request(engine, "Name some fruits.", seed=1234, **kw))
+    b, _ = run(engine, request(engine, "Name some fruits.", seed=1234, **kw))
+    others = [run(engine, request(engine, "Name some fruits.", seed=s, **kw))[0] for s in (1, 2, 3)]
+    assert a == b
+    assert any(o != a for o in others)
+
+
+def test_logprobs_come_from_the_real_distribution(engine):
+    _, outs = run(engine, request(engine, "Say hi.", max_tokens=6, logprobs=5))
+    for out in outs:
+        for lp in out.logprobs:
+            assert len(lp.top) == 5
+            assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+            assert lp.top[0][0] == lp.token_id           # greedy picks the most likely token
+            assert lp.logprob == pytest.approx(lp.top[0][1])
+            assert all(v <= 0 for _, v in lp.top)
+
+
+def test_prompt_logprobs_without_generation(engine):
+    req = request(engine, "Hello there", max_tokens=0, prompt_logprobs=1)
+    ids, outs = run(engine, req)
+    assert ids == [] and outs[-1].finish_reason == "length"
+    scores = outs[0].prompt_logprobs
+    assert len(scores) == len(req.prompt_token_ids) and scores[0] is None
+    assert all(s.logprob <= 0 and len(s.top) == 1 for s in scores[1:])
+    assert [s.token_id for s in scores[1:]] == req.prompt_token_ids[1:]
+
+
+def test_stop_token_ids_and_eos(engine):
+    free, outs = run(engine, request(engine, "Count from 1 to 5.", max_tokens=40))
+    assert outs[-1].finish_reason == "stop" and outs[-1].stopped_by_token
+    assert free[-1] in engine.tokenizer.eos_token_ids
+    stop_at = free[3]
+    cut, outs = run(engine, request(engine, "Count from 1 to 5.", max_tokens=40,
+                                    stop_token_ids=frozenset({stop_at})))
+    assert cut == free[:free.index(stop_at) + 1]
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_logit_bias_forces_a_token(engine):
+    forced = engine.tokenizer.encode("banana", add_special=False)[0]
+    ids, _ = run(engine, request(engine, "Hi", max_tokens=4, logit_bias={forced: 100.0}))
+    assert ids == [forced] * 4
+
+
+def test_frequency_penalty_changes_repetition(engine):
+    text = "Repeat the word 'yes' twenty times, separated by spaces."
+    plain, _ = run(engine, request(engine, text, max_tokens=30))
+    penalized, _ = run(engine, request(engine, text, max_tokens=30, frequency_penalty=2.0,
+                                       presence_penalty=1.0))
+    assert len(set(penalized)) > len(set(plain))
+
+
+def test_concurrent_requests_do_not_disturb_each_other(engine):
+    texts = ["What is 2+2?", "Name a color.", "Write one line of Python."]
+    alone = [run(engine, request(engine, t, max_tokens=10))[0] for t in texts]
+
+    async def together():
+        return await asyncio.gather(*(collect(engine, request(engine, t, max_tokens=10))
+                                      for t in texts))
+    assert [ids for ids, _ in asyncio.run(together())] == alone
+
+
+def test_abort_and_disconnect_stop_generation(engine):
+    async def scenario():
+        req = request(engine, "Write a very long story.", max_tokens=500)
+        seen = []
+        async for out in engine.generate(req):
+            seen.append(out)
+            if len(seen) == 3:
+                await engine.abort(req.request_id)
+        assert seen[-1].finish_reason == "abort" and len(seen) <= 5
+
+        # a consumer that simply walks away (a client disconnect) ends the work too
+        gen = engine.generate(request(engine, "Write a very long story.", max_tokens=500))
+        await gen.__anext__()
+        await gen.aclose()
+        before = engine.stats["generated_tokens"]
+        await asyncio.sleep(0.5)
+        assert engine.stats["generated_tokens"] - before <= 1
+        assert engine.stats["running"] == 0
+    asyncio.run(scenario())
+
+
+def test_answers_do_not_depend_on_what_the_cache_held(engine):
+    kw = dict(max_tokens=12, temperature=1.0, top_p=0.95, top_k=40, seed=99)
+    first, _ = run(engine, request(engine, "Name some fruits.", **kw))
+    run(engine, request(engine, "Tell me about dragons.", max_tokens=5))   # unrelated history
+    assert run(engine, request(engine, "Name some fruits.", **kw))[0] == first
+    assert run(engine, request(engine, "Name some fruits.", **kw))[0] == first  # prefix reused
