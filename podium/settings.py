@@ -39,6 +39,14 @@ class Settings:
     max_body_bytes: int = _opt(8 * 1024 * 1024, "Largest request body accepted (413 beyond).")
     allow_request_chat_template: bool = _opt(
         False, "Let requests carry their own 'chat_template' (refused with 400 otherwise).")
+    tool_parser: str = _opt(
+        "auto", "Tool-call format: auto (from the chat template), none, hermes, qwen3_coder, "
+        "glm45, llama3_json, pythonic, mistral, deepseek_v3, kimi_k2, json.")
+    reasoning_parser: str = _opt(
+        "auto", "Reasoning format: auto (from the chat template), none, think, mistral.")
+    reasoning_field: str = _opt(
+        "reasoning_content", "Where reasoning goes in chat answers: reasoning_content, "
+        "reasoning, or both.")
     # engine
     ctx_size: int = _opt(8192, "Context window in tokens (0: the model's trained length).")
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")

@@ -10,8 +10,12 @@ from podium.api.generation import (Choice, check_model, choice_seed, new_id, out
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
 from podium.parsing.events import Finish
-from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, Message, TextPart,
-                                  ToolMessage)
+from podium.parsing.pipeline import OutputParser
+from podium.parsing.registry import (build_reasoning_parser, build_tool_parser,
+                                     detect_reasoning_parser, detect_tool_parser)
+from podium.parsing.tools.base import ToolSet
+from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, Message,
+                                  NamedToolChoice, TextPart, ToolMessage)
 from podium.render.chat import ChatChunks, ChatFold
 from podium.settings import Settings
 from podium.text.pipeline import TextPipeline
@@ -28,22 +32,28 @@ class ChatService:
         self._engine = engine
         self._settings = settings
         tok = engine.tokenizer
-        self._template = ChatTemplate(engine.info.chat_template or FALLBACK_TEMPLATE,
-                                      bos_token=tok.bos_token, eos_token=tok.eos_token)
+        template = engine.info.chat_template or FALLBACK_TEMPLATE
+        self._template = ChatTemplate(template, bos_token=tok.bos_token, eos_token=tok.eos_token)
+        self.tool_family = (detect_tool_parser(template) if settings.tool_parser == "auto"
+                            else settings.tool_parser)
+        self.reasoning_family = (detect_reasoning_parser(template)
+                                 if settings.reasoning_parser == "auto"
+                                 else settings.reasoning_parser)
 
     async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
         """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
         engine = self._engine
         check_model(req.model, engine)
         _refuse_unsupported(req)
-        prompt = engine.tokenizer.encode(self._render(req), add_special=True)
+        text = self._render(req)
+        prompt = engine.tokenizer.encode(text, add_special=True)
         budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
                                engine.info.context_length)
-        choices = [self._choice(req, prompt, budget, i) for i in range(req.n)]
+        choices = [self._choice(req, prompt, text, budget, i) for i in range(req.n)]
         cid, created = new_id("chatcmpl"), int(time.time())
         if req.stream:
             return self._stream(req, choices, len(prompt), cid, created)
-        fold = ChatFold(req.n, engine.tokenizer, req.logprobs)
+        fold = ChatFold(req.n, engine.tokenizer, req.logprobs, self._settings.reasoning_field)
         async for index, event in run_choices(engine, choices):
             fold.add(index, event)
         return fold.result(cid, created, req.model, len(prompt))
@@ -65,18 +75,30 @@ class ChatService:
                                tools=tools, add_generation_prompt=req.add_generation_prompt,
                                **(req.chat_template_kwargs or {}))
 
-    def _choice(self, req: ChatCompletionRequest, prompt: list[int], budget: int,
-                index: int) -> Choice:
+    def _choice(self, req: ChatCompletionRequest, prompt: list[int], prompt_text: str,
+                budget: int, index: int) -> Choice:
         tok = self._engine.tokenizer
         seed = choice_seed(req.seed, self._settings.seed, index)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         request = EngineRequest(new_id("req"), prompt,
                                 sampling_params(req, budget, tok.vocab_size, seed), logprobs)
-        return Choice(request, TextPipeline(tok, stop_strings(req.stop), req.logprobs))
+        return Choice(request, TextPipeline(tok, stop_strings(req.stop), req.logprobs),
+                      self._output_parser(req, prompt_text))
+
+    def _output_parser(self, req: ChatCompletionRequest, prompt_text: str) -> OutputParser:
+        thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
+        reasoning = (build_reasoning_parser(self.reasoning_family, prompt_text)
+                     if thinking else None)
+        tools = None
+        if req.tools and req.tool_choice != "none":
+            tools = build_tool_parser(self.tool_family, tool_set(req))
+        named = isinstance(req.tool_choice, NamedToolChoice)
+        return OutputParser(reasoning, tools, calls_finish="stop" if named else "tool_calls")
 
     async def _stream(self, req: ChatCompletionRequest, choices: list[Choice],
                       prompt_tokens: int, cid: str, created: int) -> AsyncIterator[dict]:
-        chunks = ChatChunks(cid, created, req.model, self._engine.tokenizer, req.logprobs)
+        chunks = ChatChunks(cid, created, req.model, self._engine.tokenizer, req.logprobs,
+                            self._settings.reasoning_field)
         for i in range(len(choices)):
             yield chunks.role(i)
         completion_tokens = 0
@@ -101,6 +123,15 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
     if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
         raise InvalidRequestError("tool_choice 'required' or a named function is not "
                                   "supported yet; use 'auto' or 'none'", param="tool_choice")
+
+
+def tool_set(req: ChatCompletionRequest) -> ToolSet:
+    """The declared functions a call may name (only the chosen one under a named choice)."""
+    schemas = {t.function.name: t.function.parameters or {} for t in req.tools or ()}
+    if isinstance(req.tool_choice, NamedToolChoice):
+        name = req.tool_choice.function.name
+        schemas = {name: schemas[name]} if name in schemas else {}
+    return ToolSet(schemas, max_calls=1 if req.parallel_tool_calls is False else None)
 
 
 def _text(content: Any, where: str) -> str | None:

@@ -15,6 +15,7 @@ from typing import AsyncIterator
 from podium.engine.base import Engine, EngineRequest, SamplingParams
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
 from podium.parsing.events import Event
+from podium.parsing.pipeline import OutputParser
 from podium.protocol.common import SamplingFields
 from podium.text.pipeline import TextPipeline
 
@@ -93,18 +94,22 @@ def new_id(prefix: str) -> str:
 
 @dataclass
 class Choice:
-    """One engine request and the pipeline that turns its tokens into events."""
+    """One engine request, the pipeline that turns its tokens into text events, and (chat)
+    the output parser that turns text into reasoning, tool calls and content."""
 
     request: EngineRequest
     pipeline: TextPipeline
+    parser: OutputParser | None = None
 
 
 async def run_choice(engine: Engine, index: int, choice: Choice
                      ) -> AsyncIterator[tuple[int, Event]]:
     outputs = engine.generate(choice.request)
     try:
+        parser = choice.parser
         async for out in outputs:
-            for event in choice.pipeline.feed(out):
+            events = choice.pipeline.feed(out)
+            for event in parser.feed(events) if parser is not None else events:
                 yield index, event
             if choice.pipeline.finished:
                 break

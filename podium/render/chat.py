@@ -1,7 +1,9 @@
 """Semantic events to Chat Completions: stream chunks, and the folded ``chat.completion``.
 
 The non-stream object is the fold of exactly the events the stream renders, so the two
-cannot disagree.
+cannot disagree. A tool call's id, type and name appear once, in its first delta; its
+argument deltas concatenate to the final ``arguments``. Reasoning goes to
+``reasoning_content`` (the field most clients read), ``reasoning``, or both.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from podium.engine.base import Tokenizer
-from podium.parsing.events import Event, Finish, TextDelta
+from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
+                                   ToolCallBegin, ToolCallEnd)
 from podium.render.logprobs import chat_entry
 
 
@@ -18,22 +21,28 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def reasoning_fields(field: str) -> tuple[str, ...]:
+    return ("reasoning_content", "reasoning") if field == "both" else (field,)
+
+
 class ChatChunks:
     """Builds ``chat.completion.chunk`` objects; every chunk shares id, created and model."""
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
-                 logprobs: bool):
+                 logprobs: bool, reasoning_field: str = "reasoning_content"):
         self._head = {"id": completion_id, "object": "chat.completion.chunk",
                       "created": created, "model": model}
         self._tokenizer = tokenizer
         self._logprobs = logprobs
+        self._reasoning = reasoning_fields(reasoning_field)
 
-    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        return {**self._head, "choices": [choice]}
+    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
+               logprobs: Any = None) -> dict[str, Any]:
+        return {**self._head, "choices": [{"index": index, "delta": delta,
+                                           "logprobs": logprobs, "finish_reason": finish}]}
 
     def role(self, index: int) -> dict[str, Any]:
-        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None})
+        return self._chunk(index, {"role": "assistant", "content": ""})
 
     def event(self, index: int, event: Event) -> dict[str, Any] | None:
         if isinstance(event, TextDelta):
@@ -41,47 +50,82 @@ class ChatChunks:
             if self._logprobs:
                 lp = {"content": [chat_entry(self._tokenizer, e) for e in event.logprobs or ()],
                       "refusal": None}
-            return self._chunk({"index": index, "delta": {"content": event.text},
-                                "logprobs": lp, "finish_reason": None})
+            return self._chunk(index, {"content": event.text}, logprobs=lp)
+        if isinstance(event, ReasoningDelta):
+            return self._chunk(index, {f: event.text for f in self._reasoning})
+        if isinstance(event, ToolCallBegin):
+            return self._chunk(index, {"tool_calls": [{
+                "index": event.index, "id": event.id, "type": "function",
+                "function": {"name": event.name, "arguments": ""}}]})
+        if isinstance(event, ToolCallArgsDelta):
+            return self._chunk(index, {"tool_calls": [{
+                "index": event.index, "function": {"arguments": event.text}}]})
         if isinstance(event, Finish):
-            return self._chunk({"index": index, "delta": {}, "logprobs": None,
-                                "finish_reason": event.reason})
+            return self._chunk(index, {}, event.reason)
         return None
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         return {**self._head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
 
+class _ChoiceFold:
+    __slots__ = ("text", "reasoning", "calls", "logprobs", "finish")
+
+    def __init__(self, logprobs: bool):
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.logprobs: list | None = [] if logprobs else None
+        self.finish: str | None = None
+
+
 class ChatFold:
     """Folds the events of every choice into one ``chat.completion`` object."""
 
-    def __init__(self, n: int, tokenizer: Tokenizer, logprobs: bool):
-        self._text: list[list[str]] = [[] for _ in range(n)]
-        self._logprobs = [[] for _ in range(n)] if logprobs else None
-        self._finish: list[str | None] = [None] * n
+    def __init__(self, n: int, tokenizer: Tokenizer, logprobs: bool,
+                 reasoning_field: str = "reasoning_content"):
+        self._choices = [_ChoiceFold(logprobs) for _ in range(n)]
         self._tokenizer = tokenizer
+        self._reasoning = reasoning_fields(reasoning_field)
         self.completion_tokens = 0
 
     def add(self, index: int, event: Event) -> None:
+        c = self._choices[index]
         if isinstance(event, TextDelta):
-            self._text[index].append(event.text)
-            if self._logprobs is not None:
-                self._logprobs[index] += [chat_entry(self._tokenizer, e)
-                                          for e in event.logprobs or ()]
+            c.text.append(event.text)
+            if c.logprobs is not None:
+                c.logprobs += [chat_entry(self._tokenizer, e) for e in event.logprobs or ()]
+        elif isinstance(event, ReasoningDelta):
+            c.reasoning.append(event.text)
+        elif isinstance(event, ToolCallBegin):
+            c.calls[event.index] = {"id": event.id, "type": "function",
+                                    "function": {"name": event.name, "arguments": ""}}
+        elif isinstance(event, ToolCallArgsDelta):
+            c.calls[event.index]["function"]["arguments"] += event.text
+        elif isinstance(event, ToolCallEnd):
+            c.calls[event.index]["function"]["arguments"] = event.arguments
         elif isinstance(event, Finish):
-            self._finish[index] = event.reason
+            c.finish = event.reason
             self.completion_tokens += event.completion_tokens
+
+    def _message(self, c: _ChoiceFold) -> dict[str, Any]:
+        text = "".join(c.text)
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": text if text or not c.calls else None,
+                                   "refusal": None}
+        if c.reasoning:
+            message.update({f: "".join(c.reasoning) for f in self._reasoning})
+        if c.calls:
+            message["tool_calls"] = [c.calls[i] for i in sorted(c.calls)]
+        return message
 
     def result(self, completion_id: str, created: int, model: str,
                prompt_tokens: int) -> dict[str, Any]:
-        choices = [{
-            "index": i,
-            "message": {"role": "assistant", "content": "".join(self._text[i]),
-                        "refusal": None},
-            "logprobs": ({"content": self._logprobs[i], "refusal": None}
-                         if self._logprobs is not None else None),
-            "finish_reason": self._finish[i] or "stop",
-        } for i in range(len(self._text))]
+        choices = [{"index": i, "message": self._message(c),
+                    "logprobs": ({"content": c.logprobs, "refusal": None}
+                                 if c.logprobs is not None else None),
+                    "finish_reason": c.finish or "stop"}
+                   for i, c in enumerate(self._choices)]
         return {"id": completion_id, "object": "chat.completion", "created": created,
                 "model": model, "choices": choices,
                 "usage": usage(prompt_tokens, self.completion_tokens)}

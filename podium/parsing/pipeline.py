@@ -1,0 +1,75 @@
+"""The output parser of one choice: reasoning first, then tool calls, then plain text.
+
+It sits after the text pipeline (detokenizer, stop strings) and before the renderers:
+raw ``TextDelta`` events in, semantic events out. The finish reason is settled here too:
+``tool_calls`` when the choice called a tool under ``auto`` / ``required``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from podium.parsing.events import Event, Finish, ReasoningDelta, TextDelta
+from podium.parsing.reasoning import ReasoningParser
+
+
+class CallParser(Protocol):
+    calls: int
+
+    def feed(self, text: str) -> list[Event]: ...
+    def flush(self) -> list[Event]: ...
+
+
+class OutputParser:
+    def __init__(self, reasoning: ReasoningParser | None = None, tools: CallParser | None = None,
+                 *, calls_finish: str = "tool_calls"):
+        self._reasoning = reasoning
+        self._tools = tools
+        self._calls_finish = calls_finish     # "stop" under a named tool_choice, as OpenAI
+        self._logprobs: list = []             # raw logprobs waiting for a text event
+
+    def feed(self, events: list[Event]) -> list[Event]:
+        out: list[Event] = []
+        for event in events:
+            if isinstance(event, TextDelta):
+                if event.logprobs:
+                    self._logprobs += event.logprobs
+                self._route(self._split(event.text), out)
+            elif isinstance(event, Finish):
+                self._route(self._reasoning.flush() if self._reasoning else [], out)
+                if self._tools is not None:
+                    out += self._tools.flush()
+                out.append(self._finish(event))
+            else:
+                out.append(event)
+        return self._attach_logprobs(out)
+
+    def _split(self, text: str) -> list[Event]:
+        return self._reasoning.feed(text) if self._reasoning else [TextDelta(text)]
+
+    def _route(self, events: list[Event], out: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, TextDelta) and self._tools is not None:
+                out += self._tools.feed(event.text)
+            else:
+                out.append(event)
+
+    def _finish(self, event: Finish) -> Finish:
+        if self._tools is not None and self._tools.calls and event.reason == "stop":
+            return Finish(self._calls_finish, event.completion_tokens)
+        return event
+
+    def _attach_logprobs(self, out: list[Event]) -> list[Event]:
+        """Logprobs go with the first visible text that follows them (content only)."""
+        if not self._logprobs:
+            return out
+        for i, event in enumerate(out):
+            if isinstance(event, TextDelta):
+                out[i] = TextDelta(event.text, self._logprobs)
+                self._logprobs = []
+                break
+        return out
+
+
+def is_reasoning(event: Event) -> bool:
+    return isinstance(event, ReasoningDelta)

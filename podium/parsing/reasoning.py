@@ -1,0 +1,78 @@
+"""Reasoning split off the visible text: ``<think>`` ... ``</think>`` and ``[THINK]`` ... ``[/THINK]``.
+
+The opening tag is honoured at the start of the answer, or already in the prompt: templates
+that open ``<think>`` themselves (DeepSeek-R1, some Qwen3 modes) leave the model inside
+reasoning from its first token, which ``starts_inside(prompt)`` detects.
+"""
+
+from __future__ import annotations
+
+from podium.parsing.events import Event, ReasoningDelta, TextDelta
+from podium.parsing.scan import Markers
+
+_WS = " \t\r\n"
+
+
+class ReasoningParser:
+    def __init__(self, open_tag: str, close_tag: str, *, inside: bool = False):
+        self.open_tag, self.close_tag = open_tag, close_tag
+        self._close = Markers(close_tag)
+        self._state = "reasoning" if inside else "start"
+        self._buf = ""
+
+    @classmethod
+    def starts_inside(cls, prompt: str, open_tag: str, close_tag: str) -> bool:
+        tail = prompt.rstrip(_WS)
+        return tail.endswith(open_tag)
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        while self._buf:
+            used = getattr(self, "_s_" + self._state)(self._buf, out)
+            if used is None:
+                break
+            self._buf = self._buf[used:]
+        return out
+
+    def flush(self) -> list[Event]:
+        rest, self._buf = self._buf, ""
+        if not rest or self._state == "after":
+            return []
+        if self._state == "reasoning":
+            return [ReasoningDelta(rest)]
+        return [TextDelta(rest)]
+
+    def _s_start(self, buf: str, out: list[Event]) -> int | None:
+        stripped = buf.lstrip(_WS)
+        if not stripped or (self.open_tag.startswith(stripped) and stripped != self.open_tag):
+            return None
+        if stripped.startswith(self.open_tag):
+            self._state = "reasoning"
+            return len(buf) - len(stripped) + len(self.open_tag)
+        self._state = "content"
+        return 0
+
+    def _s_reasoning(self, buf: str, out: list[Event]) -> int | None:
+        pos, marker = self._close.find(buf)
+        if marker is None:
+            safe = len(buf) - self._close.held(buf)
+            if safe:
+                out.append(ReasoningDelta(buf[:safe]))
+            return safe or None
+        if pos:
+            out.append(ReasoningDelta(buf[:pos]))
+        self._state = "after"
+        return pos + len(marker)
+
+    def _s_after(self, buf: str, out: list[Event]) -> int | None:
+        """Whitespace between the reasoning and the answer belongs to neither."""
+        stripped = buf.lstrip(_WS)
+        if not stripped:
+            return len(buf)
+        self._state = "content"
+        return len(buf) - len(stripped)
+
+    def _s_content(self, buf: str, out: list[Event]) -> int | None:
+        out.append(TextDelta(buf))
+        return len(buf)

@@ -1,0 +1,167 @@
+"""What every tool-call parser shares: the declared tools, call bookkeeping, content text.
+
+A tool parser reads the model's visible text (reasoning is already split off) and turns it
+into ``TextDelta`` and ``ToolCall*`` events. ``feed`` and ``flush`` are its whole surface.
+Subclasses implement ``_step(buffer)``: act on the start of the unprocessed buffer and return
+how many characters they used (0 is fine after a change of state), or None to wait for more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from podium.parsing.events import Event, TextDelta, ToolCallArgsDelta, ToolCallBegin, ToolCallEnd
+from podium.parsing.scan import JsonValue, Markers
+
+log = logging.getLogger(__name__)
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+@dataclass
+class ToolSet:
+    """The function tools a request declared, and how many calls it allows."""
+
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)   # name -> parameters
+    max_calls: int | None = None            # 1 when parallel_tool_calls is false
+    new_id: Callable[[], str] = new_call_id
+
+    def allows(self, name: str | None) -> bool:
+        return bool(name) and name in self.schemas
+
+    def param_type(self, function: str, param: str) -> Any:
+        props = (self.schemas.get(function) or {}).get("properties") or {}
+        return (props.get(param) or {}).get("type")
+
+
+class ToolParser:
+    """Base: buffering, content text, and opening / streaming / closing calls."""
+
+    def __init__(self, tools: ToolSet):
+        self.tools = tools
+        self.calls = 0              # calls begun (and kept)
+        self._buf = ""
+        self._back = ""             # text a step handed back, processed next
+        self._out: list[Event] = []
+        self._ws = ""               # whitespace held until we know it is not before a call
+        self._call: _OpenCall | None = None
+        self._dropping = False      # a call beyond max_calls: parsed, never shown
+
+    # -- the parser surface -------------------------------------------------------------
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        while self._buf:
+            used = self._step(self._buf)
+            if used is None:
+                break
+            self._buf = self._back + self._buf[used:]
+            self._back = ""
+        out, self._out = self._out, []
+        return out
+
+    def flush(self) -> list[Event]:
+        """The output ended: finish what is open, release what was held."""
+        rest, self._buf = self._buf, ""
+        self._finish(rest)
+        if self._call is not None:
+            self.end_call()
+        if self._ws and not self.calls:
+            self._out.append(TextDelta(self._ws))
+        self._ws = ""
+        out, self._out = self._out, []
+        return out
+
+    def _step(self, buf: str) -> int | None:
+        raise NotImplementedError
+
+    def _finish(self, rest: str) -> None:
+        """End of output with ``rest`` unprocessed: release or close what is pending."""
+        self.text(rest)
+
+    def push_back(self, text: str) -> None:
+        """Return ``text`` (already consumed by this step) to the front of the buffer."""
+        self._back = text
+
+    def scan_text(self, buf: str, markers: Markers) -> tuple[int | None, str | None]:
+        """Content up to the first marker: (characters used, the marker found or None)."""
+        pos, marker = markers.find(buf)
+        if marker is None:
+            safe = len(buf) - markers.held(buf)
+            self.text(buf[:safe])
+            return (safe or None), None
+        self.text(buf[:pos])
+        return pos + len(marker), marker
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    def text(self, text: str) -> None:
+        """Content; whitespace right before a call (or after the last one) is dropped."""
+        if not text:
+            return
+        if not text.strip():
+            self._ws += text
+            return
+        self._out.append(TextDelta(self._ws + text))
+        self._ws = ""
+
+    def begin_call(self, name: str) -> None:
+        self._ws = ""
+        if self.tools.max_calls is not None and self.calls >= self.tools.max_calls:
+            log.warning("dropping tool call %r: parallel_tool_calls is false", name)
+            self._dropping = True
+            self._call = _OpenCall(-1, "", name)
+            return
+        self._dropping = False
+        self._call = _OpenCall(self.calls, self.tools.new_id(), name)
+        self.calls += 1
+        self._out.append(ToolCallBegin(self._call.index, self._call.id, name))
+
+    def call_args(self, text: str) -> None:
+        if text and self._call is not None:
+            if not self._call.json.done:
+                self._call.json.feed(text)
+            self._call.parts.append(text)
+            if not self._dropping:
+                self._out.append(ToolCallArgsDelta(self._call.index, text))
+
+    def end_call(self) -> None:
+        """Close the open call; arguments that are not valid JSON are completed, not dropped."""
+        call, self._call = self._call, None
+        if call is None:
+            return
+        fix = call.json.completion() if call.parts else "{}"
+        if fix:
+            if call.parts:
+                log.warning("tool call %r was cut short or malformed; closed as valid JSON",
+                            call.name)
+            self.call_args_for(call, fix)
+        if not self._dropping:
+            self._out.append(ToolCallEnd(call.index, "".join(call.parts)))
+        self._dropping = False
+
+    def call_args_for(self, call: "_OpenCall", text: str) -> None:
+        call.parts.append(text)
+        if not self._dropping:
+            self._out.append(ToolCallArgsDelta(call.index, text))
+
+    def emit_whole_call(self, name: str, arguments: Any) -> None:
+        """A call known all at once (pythonic lists, buffered XML values)."""
+        self.begin_call(name)
+        self.call_args(json.dumps(arguments, ensure_ascii=False))
+        self.end_call()
+
+
+@dataclass
+class _OpenCall:
+    index: int
+    id: str
+    name: str
+    parts: list[str] = field(default_factory=list)
+    json: JsonValue = field(default_factory=JsonValue)

@@ -1,0 +1,77 @@
+"""Hermes / Qwen2.5 / Qwen3 tool calls, and the JSON shared by several families.
+
+    Let me check.<tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+    <tool_call>
+    {"name": "get_time", "arguments": {}}
+    </tool_call>
+
+A ``<tool_call>`` that is not followed by a call object naming a declared tool is content.
+"""
+
+from __future__ import annotations
+
+from podium.parsing.scan import Markers
+from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.parsing.tools.jsoncall import JsonCall
+
+
+class HermesParser(ToolParser):
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def __init__(self, tools: ToolSet):
+        super().__init__(tools)
+        self._open = Markers(self.OPEN)
+        self._state = "text"
+        self._raw = ""            # the call's text so far: content again if it is no call
+        self._json: JsonCall | None = None
+
+    def _step(self, buf: str) -> int | None:
+        if self._state == "text":
+            used, marker = self.scan_text(buf, self._open)
+            if marker is not None:
+                self._state, self._raw = "call", marker
+                self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+            return used
+        if self._state == "call":
+            return self._in_call(buf)
+        return self._after_call(buf)
+
+    def _in_call(self, buf: str) -> int | None:
+        json_call = self._json
+        end = json_call.feed(buf)
+        if json_call.failed:
+            used = json_call.stopped_at
+            if json_call.name is None:          # never a call: what was held is content
+                self._state = "text"
+                self.text(self._raw + buf[:used])
+                return used
+            self.end_call()                     # a begun call closes as valid JSON
+            self._state = "after"
+            return used
+        if end < 0:
+            self._raw += buf
+            return len(buf)
+        self.end_call()
+        self._state = "after"
+        return end
+
+    def _after_call(self, buf: str) -> int | None:
+        """Skip the whitespace and ``</tool_call>`` that close a call; anything else is text."""
+        stripped = buf.lstrip()
+        if not stripped:
+            return None
+        if stripped.startswith(self.CLOSE):
+            self._state = "text"
+            return len(buf) - len(stripped) + len(self.CLOSE)
+        if self.CLOSE.startswith(stripped):
+            return None
+        self._state = "text"
+        return 0
+
+    def _finish(self, rest: str) -> None:
+        if self._state == "call" and self._json is not None and self._json.name is None:
+            self.text(self._raw + rest)
+        elif self._state == "text":
+            self.text(rest)

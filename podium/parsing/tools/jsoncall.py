@@ -1,0 +1,174 @@
+"""Reading one ``{"name": ..., "arguments": {...}}`` object from streamed text.
+
+Used by every family whose calls are JSON objects (Hermes / Qwen, Llama 3, Mistral's list
+form, the bare-JSON fallback). The arguments value streams out as the model writes it; the
+name must be complete (and declared) before the call begins.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from podium.parsing.scan import JsonValue
+
+ARGUMENT_KEYS = ("arguments", "parameters")
+_WS = " \t\r\n"
+
+
+class JsonCall:
+    """State machine over one call object.
+
+    After each ``feed``: ``failed`` (this is not a call object; nothing was begun if
+    ``name`` is None), ``name`` (once known and allowed), ``done`` (the object closed).
+    ``on_begin(name)`` and ``on_args(text)`` are called as the call unfolds.
+    """
+
+    def __init__(self, allows: Callable[[str], bool], on_begin: Callable[[str], None],
+                 on_args: Callable[[str], None]):
+        self._allows = allows
+        self._on_begin = on_begin
+        self._on_args = on_args
+        self._state = "start"
+        self._key: str | None = None
+        self._value = JsonValue()
+        self._seen = 0                 # characters of the current value already handled
+        self._early_args: list[str] = []   # arguments written before the name
+        self.name: str | None = None
+        self.failed = False
+        self.done = False
+        self.had_args = False
+        self.stopped_at = 0            # where the last feed stopped (the failing character)
+
+    def feed(self, chunk: str) -> int:
+        """Consume ``chunk``; the index just past the object's end, or -1."""
+        i, n = 0, len(chunk)
+        while i < n and not (self.done or self.failed):
+            i = getattr(self, "_s_" + self._state)(chunk, i)
+        self.stopped_at = i
+        return i if self.done else -1
+
+    def _skip(self, chunk: str, i: int) -> int:
+        while i < len(chunk) and chunk[i] in _WS:
+            i += 1
+        return i
+
+    def _s_start(self, chunk: str, i: int) -> int:
+        i = self._skip(chunk, i)
+        if i < len(chunk):
+            if chunk[i] != "{":
+                self.failed = True
+                return i
+            self._state = "key"
+            return i + 1
+        return i
+
+    def _s_key(self, chunk: str, i: int) -> int:
+        i = self._skip(chunk, i)
+        if i >= len(chunk):
+            return i
+        c = chunk[i]
+        if c == "}":
+            self._close()
+            return i + 1
+        if c == ",":
+            return i + 1
+        if c != '"':
+            self.failed = True
+            return i
+        self._value, self._state = JsonValue(), "key_text"
+        return i
+
+    def _s_key_text(self, chunk: str, i: int) -> int:
+        end = self._value.feed(chunk[i:])
+        if end < 0:
+            return len(chunk)
+        self._key = json.loads(self._value.text)
+        self._state = "colon"
+        return i + end
+
+    def _s_colon(self, chunk: str, i: int) -> int:
+        i = self._skip(chunk, i)
+        if i < len(chunk):
+            if chunk[i] != ":":
+                self.failed = True
+                return i
+            self._value, self._seen, self._state = JsonValue(), 0, "value"
+            return i + 1
+        return i
+
+    def _s_value(self, chunk: str, i: int) -> int:
+        end = self._value.feed(chunk[i:])
+        value = self._value
+        if self._key in ARGUMENT_KEYS and value._kind == "container":
+            new = value.text[self._seen:]
+            self._seen = len(value.text)
+            self._args(new)
+        if end < 0:
+            return len(chunk)
+        self._value_done()
+        self._state = "after"
+        return i + end
+
+    def _value_done(self) -> None:
+        text = self._value.text
+        if self._key == "name":
+            try:
+                name = json.loads(text)
+            except ValueError:
+                name = None
+            if not isinstance(name, str) or not self._allows(name):
+                self.failed = True
+                return
+            self.name = name
+            self._on_begin(name)
+            for part in self._early_args:
+                self._on_args(part)
+            self._early_args = []
+        elif self._key in ARGUMENT_KEYS and self._value._kind != "container":
+            self._args(_string_arguments(text))
+
+    def _s_after(self, chunk: str, i: int) -> int:
+        i = self._skip(chunk, i)
+        if i >= len(chunk):
+            return i
+        if chunk[i] == ",":
+            self._state = "key"
+            return i + 1
+        if chunk[i] == "}":
+            self._close()
+            return i + 1
+        self.failed = True
+        return i
+
+    def _close(self) -> None:
+        if self.name is None:
+            self.failed = True      # an object without a name is not a call
+            return
+        self.done = True
+
+    def _args(self, text: str) -> None:
+        if not text:
+            return
+        self.had_args = True
+        if self.name is None:
+            self._early_args.append(text)
+        else:
+            self._on_args(text)
+
+
+def _string_arguments(text: str) -> str:
+    """Arguments written as a JSON string holding JSON, or null: the object text."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+            return value
+        except ValueError:
+            return json.dumps(value)
+    return text

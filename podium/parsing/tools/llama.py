@@ -1,0 +1,177 @@
+"""Llama 3.x tool calls: JSON objects, or a pythonic list (Llama 3.2 / 4 templates).
+
+JSON (3.1 / 3.2 / 3.3), the whole answer, optionally after ``<|python_tag|>``, several
+separated by ``;``::
+
+    {"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}
+
+Pythonic::
+
+    [get_weather(city="Paris"), get_time()]
+
+A call list is recognised only at the start of the answer; an object or list that does not
+name declared tools is content. Pythonic calls are emitted when the list closes.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.parsing.tools.jsoncall import JsonCall
+
+PYTHON_TAG = "<|python_tag|>"
+_WS = " \t\r\n"
+
+
+class _StartOfAnswer(ToolParser):
+    """Shared start: skip whitespace and ``<|python_tag|>``, then look at the first character."""
+
+    opener = "{"
+
+    def __init__(self, tools: ToolSet):
+        super().__init__(tools)
+        self._state = "start"
+        self._raw = ""
+
+    def _step(self, buf: str) -> int | None:
+        return getattr(self, "_s_" + self._state)(buf)
+
+    def _s_start(self, buf: str) -> int | None:
+        stripped = buf.lstrip(_WS)
+        skipped = len(buf) - len(stripped)
+        if not stripped:
+            return None
+        if stripped.startswith(PYTHON_TAG):
+            self._raw += buf[:skipped + len(PYTHON_TAG)]
+            return skipped + len(PYTHON_TAG)
+        if PYTHON_TAG.startswith(stripped):
+            return None
+        if stripped[0] != self.opener:
+            return self._content(0)
+        self._raw += buf[:skipped]
+        return self._begin(skipped)
+
+    def _begin(self, skipped: int) -> int:
+        raise NotImplementedError
+
+    def _content(self, used: int, buf: str = "") -> int:
+        """Not calls after all: everything held, and all that follows, is content."""
+        self.text(self._raw + buf[:used])
+        self._raw = ""
+        self._state = "text"
+        return used
+
+    def _s_text(self, buf: str) -> int | None:
+        self.text(buf)
+        return len(buf)
+
+    def _finish(self, rest: str) -> None:
+        if not self.calls:
+            self.text(self._raw + rest)
+        elif self._state == "text":
+            self.text(rest)
+
+
+class Llama3JsonParser(_StartOfAnswer):
+    def _begin(self, skipped: int) -> int:
+        self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+        self._state = "object"
+        return skipped
+
+    def _s_object(self, buf: str) -> int | None:
+        end = self._json.feed(buf)
+        if self._json.failed:
+            if self._json.name is None and not self.calls:
+                return self._content(self._json.stopped_at, buf)
+            if self._call is not None:
+                self.end_call()
+            return self._after_calls(self._json.stopped_at)
+        if end < 0:
+            if not self.calls:
+                self._raw += buf
+            return len(buf)
+        self.end_call()
+        self._state = "between"
+        return end
+
+    def _after_calls(self, used: int) -> int:
+        self._state = "text"
+        return used
+
+    def _s_between(self, buf: str) -> int | None:
+        stripped = buf.lstrip(_WS)
+        if not stripped:
+            return None
+        skipped = len(buf) - len(stripped)
+        if stripped[0] == ";":
+            self._state = "next"
+            return skipped + 1
+        return self._after_calls(skipped)
+
+    def _s_next(self, buf: str) -> int | None:
+        stripped = buf.lstrip(_WS)
+        if not stripped:
+            return None
+        skipped = len(buf) - len(stripped)
+        if stripped[0] == "{":
+            return self._begin(skipped)
+        return self._after_calls(skipped)
+
+
+class PythonicParser(_StartOfAnswer):
+    opener = "["
+
+    def _begin(self, skipped: int) -> int:
+        self._state, self._depth, self._quote, self._escape = "list", 0, "", False
+        return skipped
+
+    def _s_list(self, buf: str) -> int | None:
+        for i, c in enumerate(buf):
+            if self._quote:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == self._quote:
+                    self._quote = ""
+            elif c in "'\"":
+                self._quote = c
+            elif c in "([{":
+                self._depth += 1
+            elif c in ")]}":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._raw += buf[:i + 1]
+                    return self._parse(i + 1)
+        self._raw += buf
+        return len(buf)
+
+    def _parse(self, used: int) -> int:
+        calls = _pythonic_calls(self._raw.strip(_WS).removeprefix(PYTHON_TAG).strip(_WS))
+        if not calls or not all(self.tools.allows(name) for name, _ in calls):
+            return self._content(0)
+        for name, arguments in calls:
+            self.emit_whole_call(name, arguments)
+        self._raw, self._state = "", "text"
+        return used
+
+
+def _pythonic_calls(text: str) -> list[tuple[str, dict]] | None:
+    """``[f(a=1), g(b="x")]`` as (name, arguments) pairs; None if it is anything else."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(tree, ast.List):
+        return None
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or node.args:
+            return None
+        try:
+            arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+        except ValueError:
+            return None
+        calls.append((node.func.id, arguments))
+    return calls
