@@ -2,13 +2,13 @@
 
 ``Markers`` finds fixed strings (``<tool_call>``, ``</think>`` ...) in streamed text while
 holding back only a suffix that could still grow into one. ``JsonValue`` follows one JSON value
-through streamed text and says where it ends (and how to close it if the text stops early).
+through streamed text and says where it ends. ``JsonPrefix`` checks that text stays a valid
+JSON prefix and knows how to close it.
 Both do work proportional to the new text, never to what came before.
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 
@@ -126,30 +126,168 @@ class JsonValue:
                     return i
         return -1
 
-    def completion(self) -> str:
-        """A suffix that makes ``text`` valid JSON ('' if it already is, or none is found).
 
-        Closes a call cut short: what was streamed cannot be taken back, so the only repair
-        is to append (close a string, fill a dangling key or value, close the containers).
-        """
-        if not self.text.strip():
-            return "{}"
-        if _valid(self.text):
-            return ""
-        quote = ('n"' if self._escape else '"') if self._in_string else ""
-        closers = "".join("}" if c == "{" else "]" for c in reversed(self._stack))
-        word = re.search(r"[a-z]*$", self.text).group()
-        rest = next((lit[len(word):] for lit in ("true", "false", "null")
-                     if word and lit.startswith(word)), "")
-        for filler in ("", rest, "0", "null", " null", ": null", '"_": null'):
-            if _valid(self.text + quote + filler + closers):
-                return quote + filler + closers
-        return ""
+_NUMBER_CHARS = frozenset("0123456789+-.eE")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_LITERALS = ("true", "false", "null")
 
 
-def _valid(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except ValueError:
+class JsonPrefix:
+    """Checks that streamed text stays a valid prefix of one JSON value.
+
+    ``feed`` returns how much of the text keeps the prefix valid (it stops at the first bad
+    character and stays stopped); ``completion()`` is a suffix that closes the prefix into a
+    valid document. Together they let a tool call stream its arguments as written and still
+    end with valid JSON whatever the model does.
+    """
+
+    def __init__(self) -> None:
+        self._stack: list[str] = []      # "{" / "["
+        self._expect = "value"           # value, key, key_or_end, colon, comma_or_end,
+                                         # value_or_end, end
+        self._token = ""                 # a number or literal being read
+        self._in_string = False
+        self._is_key = False
+        self._escape = ""                # "" | "\\" | "u" + hex digits seen
+        self.broken = False
+        self.done = False
+
+    def feed(self, text: str) -> int:
+        if self.broken:
+            return 0
+        for i, c in enumerate(text):
+            if not self._char(c):
+                self.broken = True
+                return i
+        return len(text)
+
+    def _char(self, c: str) -> bool:
+        if self._in_string:
+            return self._string_char(c)
+        if self._token:
+            if self._token[0] in "tfn":
+                word = self._token + c
+                if any(lit.startswith(word) for lit in _LITERALS):
+                    self._token = word
+                    if word in _LITERALS:
+                        self._token = ""
+                        self._after_value()
+                    return True
+                return False
+            if c in _NUMBER_CHARS:
+                self._token += c
+                return True
+            if not _number_ok(self._token):
+                return False
+            self._token = ""
+            self._after_value()
+        return self._structural(c)
+
+    def _structural(self, c: str) -> bool:
+        if c in " \t\r\n":
+            return True
+        expect = self._expect
+        if expect == "end":
+            return False
+        if expect in ("value", "value_or_end"):
+            if c == "]" and expect == "value_or_end":
+                return self._close("[")
+            if c in "{[":
+                self._stack.append(c)
+                self._expect = "key_or_end" if c == "{" else "value_or_end"
+                return True
+            if c == '"':
+                self._in_string, self._is_key = True, False
+                return True
+            if c in "-0123456789" or c in "tfn":
+                self._token = c
+                return True
+            return False
+        if expect in ("key", "key_or_end"):
+            if c == "}" and expect == "key_or_end":
+                return self._close("{")
+            if c == '"':
+                self._in_string, self._is_key = True, True
+                return True
+            return False
+        if expect == "colon":
+            if c == ":":
+                self._expect = "value"
+                return True
+            return False
+        # comma_or_end
+        top = self._stack[-1]
+        if c == ",":
+            self._expect = "key" if top == "{" else "value"
+            return True
+        if c == ("}" if top == "{" else "]"):
+            return self._close(top)
         return False
+
+    def _string_char(self, c: str) -> bool:
+        if self._escape:
+            if self._escape == "\\":
+                if c == "u":
+                    self._escape = "u"
+                    return True
+                self._escape = ""
+                return c in '"\\/bfnrt'
+            if c not in _HEX:
+                return False
+            self._escape += c
+            if len(self._escape) == 5:
+                self._escape = ""
+            return True
+        if c == "\\":
+            self._escape = "\\"
+            return True
+        if c == '"':
+            self._in_string = False
+            if self._is_key:
+                self._expect = "colon"
+            else:
+                self._after_value()
+            return True
+        return c >= " "
+
+    def _close(self, kind: str) -> bool:
+        self._stack.pop()
+        self._after_value()
+        return True
+
+    def _after_value(self) -> None:
+        if self._stack:
+            self._expect = "comma_or_end"
+        else:
+            self._expect, self.done = "end", True
+
+    def completion(self) -> str:
+        """A suffix that closes what was accepted into a valid JSON document."""
+        out = ""
+        if self._in_string:
+            if self._escape == "\\":
+                out += "n"
+            elif self._escape:
+                out += "0" * (5 - len(self._escape))
+            out += '"'
+            if self._is_key:
+                out += ": null"
+        elif self._token:
+            if self._token[0] in "tfn":
+                out += next(lit for lit in _LITERALS if lit.startswith(self._token))[
+                    len(self._token):]
+            elif not _number_ok(self._token):
+                out += "0" if self._token[-1] in "-.eE+" else ""
+        elif self._expect == "value" and self._stack:
+            out += "null"
+        elif self._expect == "key" or (self._expect == "value" and not self._stack):
+            out += '"_": null' if self._stack else "{}"
+        elif self._expect == "colon":
+            out += ": null"
+        for kind in reversed(self._stack):
+            out += "}" if kind == "{" else "]"
+        return out
+
+
+def _number_ok(token: str) -> bool:
+    return re.fullmatch(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?", token) is not None

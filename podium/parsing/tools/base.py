@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from podium.parsing.events import Event, TextDelta, ToolCallArgsDelta, ToolCallBegin, ToolCallEnd
-from podium.parsing.scan import JsonValue, Markers
+from podium.parsing.scan import JsonPrefix, Markers
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +102,18 @@ class ToolParser:
     # -- helpers for subclasses ----------------------------------------------------------
 
     def text(self, text: str) -> None:
-        """Content; whitespace right before a call (or after the last one) is dropped."""
+        """Content; whitespace right before a call (or after the last one) is dropped.
+
+        Trailing whitespace is held until more text shows it is not before a call.
+        """
         if not text:
             return
-        if not text.strip():
+        body = text.rstrip()
+        if not body:
             self._ws += text
             return
-        self._out.append(TextDelta(self._ws + text))
-        self._ws = ""
+        self._out.append(TextDelta(self._ws + body))
+        self._ws = text[len(body):]
 
     def begin_call(self, name: str) -> None:
         self._ws = ""
@@ -124,32 +128,35 @@ class ToolParser:
         self._out.append(ToolCallBegin(self._call.index, self._call.id, name))
 
     def call_args(self, text: str) -> None:
-        if text and self._call is not None:
-            if not self._call.json.done:
-                self._call.json.feed(text)
-            self._call.parts.append(text)
-            if not self._dropping:
-                self._out.append(ToolCallArgsDelta(self._call.index, text))
+        """Stream argument text, as far as it stays a valid JSON prefix."""
+        call = self._call
+        if not text or call is None:
+            return
+        accepted = text[:call.json.feed(text)]
+        if call.json.broken and not call.warned:
+            call.warned = True
+            log.warning("tool call %r has malformed arguments; keeping the valid part",
+                        call.name)
+        self._append(call, accepted)
 
     def end_call(self) -> None:
-        """Close the open call; arguments that are not valid JSON are completed, not dropped."""
+        """Close the open call; arguments cut short or malformed are completed to valid JSON."""
         call, self._call = self._call, None
         if call is None:
             return
         fix = call.json.completion() if call.parts else "{}"
-        if fix:
-            if call.parts:
-                log.warning("tool call %r was cut short or malformed; closed as valid JSON",
-                            call.name)
-            self.call_args_for(call, fix)
+        if fix and call.parts and not call.warned:
+            log.warning("tool call %r was cut short; closed as valid JSON", call.name)
+        self._append(call, fix)
         if not self._dropping:
             self._out.append(ToolCallEnd(call.index, "".join(call.parts)))
         self._dropping = False
 
-    def call_args_for(self, call: "_OpenCall", text: str) -> None:
-        call.parts.append(text)
-        if not self._dropping:
-            self._out.append(ToolCallArgsDelta(call.index, text))
+    def _append(self, call: "_OpenCall", text: str) -> None:
+        if text:
+            call.parts.append(text)
+            if not self._dropping:
+                self._out.append(ToolCallArgsDelta(call.index, text))
 
     def emit_whole_call(self, name: str, arguments: Any) -> None:
         """A call known all at once (pythonic lists, buffered XML values)."""
@@ -164,4 +171,5 @@ class _OpenCall:
     id: str
     name: str
     parts: list[str] = field(default_factory=list)
-    json: JsonValue = field(default_factory=JsonValue)
+    json: JsonPrefix = field(default_factory=JsonPrefix)
+    warned: bool = False

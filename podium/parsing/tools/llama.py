@@ -150,7 +150,9 @@ class PythonicParser(_StartOfAnswer):
     def _parse(self, used: int) -> int:
         calls = _pythonic_calls(self._raw.strip(_WS).removeprefix(PYTHON_TAG).strip(_WS))
         if not calls or not all(self.tools.allows(name) for name, _ in calls):
-            return self._content(0)
+            self.text(self._raw)
+            self._raw, self._state = "", "text"
+            return used
         for name, arguments in calls:
             self.emit_whole_call(name, arguments)
         self._raw, self._state = "", "text"

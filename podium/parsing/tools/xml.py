@@ -37,9 +37,14 @@ from podium.parsing.tools.base import ToolParser, ToolSet
 _WS = " \t\r\n"
 
 
+def is_string_type(kind: Any) -> bool:
+    """Schema types that keep a value as text (no type at all counts as text)."""
+    return kind in (None, "string") or (isinstance(kind, list) and "string" in kind)
+
+
 def typed(value: str, kind: Any) -> Any:
     """A parameter's text as the JSON value its schema type asks for."""
-    if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+    if is_string_type(kind):
         return value
     text = value.strip()
     if kind == "boolean" and text.lower() in ("true", "false"):
@@ -71,6 +76,7 @@ class Qwen3CoderParser(ToolParser):
         self._n_params = 0
         self._is_string = True
         self._lead = False
+        self._end_tag = Markers(self.PARAM_END)
 
     def _step(self, buf: str) -> int | None:
         return getattr(self, "_s_" + self._state)(buf)
@@ -134,7 +140,7 @@ class Qwen3CoderParser(ToolParser):
         self._n_params += 1
         self.call_args(f"{prefix}{json.dumps(self._param, ensure_ascii=False)}: ")
         kind = self.tools.param_type(self._call.name, self._param)
-        self._is_string = isinstance(typed("x", kind), str)
+        self._is_string = is_string_type(kind)
         if self._is_string:
             self.call_args('"')
         self._value, self._sent, self._search, self._lead = "", 0, 0, True
@@ -171,11 +177,9 @@ class Qwen3CoderParser(ToolParser):
             self._search = pos + 1          # part of the value
 
     def _safe_end(self) -> int:
-        pos = self._value.find(self.PARAM_END, self._search)
-        if pos >= 0:
-            return pos
-        held = Markers(self.PARAM_END).held(self._value)
-        end = len(self._value) - held
+        end = self._value.find(self.PARAM_END, self._search)
+        if end < 0:
+            end = len(self._value) - self._end_tag.held(self._value)
         if end and self._value[end - 1] == "\n":
             end -= 1                        # a trailing newline may be the last one, dropped
         return end
