@@ -10,6 +10,7 @@ from podium.api.generation import (Choice, check_model, choice_seed, new_id, out
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
 from podium.parsing.events import Finish
+from podium.parsing.constraints import json_object_grammar, schema_grammar, tool_call_grammar
 from podium.parsing.pipeline import OutputParser
 from podium.parsing.registry import (build_reasoning_parser, build_tool_parser,
                                      detect_reasoning_parser, detect_tool_parser)
@@ -80,10 +81,26 @@ class ChatService:
         tok = self._engine.tokenizer
         seed = choice_seed(req.seed, self._settings.seed, index)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        request = EngineRequest(new_id("req"), prompt,
-                                sampling_params(req, budget, tok.vocab_size, seed), logprobs)
+        sampling = sampling_params(req, budget, tok.vocab_size, seed)
+        sampling.grammar = self._grammar(req)
+        request = EngineRequest(new_id("req"), prompt, sampling, logprobs)
         return Choice(request, TextPipeline(tok, stop_strings(req.stop), req.logprobs),
                       self._output_parser(req, prompt_text))
+
+    def _grammar(self, req: ChatCompletionRequest) -> str | None:
+        """The constraint a forced tool call or a response format puts on decoding."""
+        if req.tools and (req.tool_choice == "required" or isinstance(req.tool_choice,
+                                                                       NamedToolChoice)):
+            family = "hermes" if self.tool_family == "hermes" else "json"
+            return tool_call_grammar(tool_set(req).schemas, family,
+                                     parallel=req.parallel_tool_calls is not False
+                                     and req.tool_choice == "required")
+        fmt = req.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return json_object_grammar()
+        return schema_grammar(fmt.json_schema["schema"], "response_format.json_schema.schema")
 
     def _output_parser(self, req: ChatCompletionRequest, prompt_text: str) -> OutputParser:
         thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
@@ -116,13 +133,18 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true",
                                   param="top_logprobs")
-    if req.response_format is not None and req.response_format.type != "text":
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_schema" and not isinstance(
+            (fmt.json_schema or {}).get("schema"), dict):
+        raise InvalidRequestError("response_format json_schema needs json_schema.schema, "
+                                  "a JSON schema object", param="response_format.json_schema")
+    names = {t.function.name for t in req.tools or ()}
+    if req.tool_choice == "required" and not names:
+        raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice")
+    if isinstance(req.tool_choice, NamedToolChoice) and req.tool_choice.function.name not in names:
         raise InvalidRequestError(
-            f"response_format {req.response_format.type!r} is not supported yet",
-            param="response_format")
-    if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
-        raise InvalidRequestError("tool_choice 'required' or a named function is not "
-                                  "supported yet; use 'auto' or 'none'", param="tool_choice")
+            f"tool_choice names function {req.tool_choice.function.name!r}, which is not in "
+            f"tools", param="tool_choice")
 
 
 def tool_set(req: ChatCompletionRequest) -> ToolSet:

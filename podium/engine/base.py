@@ -26,6 +26,7 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    grammar: str | None = None          # GBNF (root rule "root") the output must match
 
 
 @dataclass(slots=True)

@@ -166,3 +166,11 @@ def test_malformed_calls_never_raise(broken):
             assert name == "get_weather" and isinstance(args, dict)
         if not out.calls:
             assert out.content == broken
+
+
+def test_fallback_reads_objects_one_after_another():
+    text = ('\n{"name": "get_time", "arguments": {}}\n'
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}')
+    for sizes in (None, [1], [5]):
+        out = parse(text, sizes, tool_family="hermes")
+        assert out.calls == [("get_time", {}), ("get_weather", W)] and out.content == ""

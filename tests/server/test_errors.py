@@ -104,10 +104,15 @@ def test_bad_logit_bias_key_is_400(client):
                  param="logit_bias")
 
 
-def test_unsupported_features_say_so(client):
-    assert_error(client.post(CHAT, json=chat(response_format={"type": "json_object"})), 400,
-                 param="response_format")
+def test_inconsistent_requests_say_so(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert_error(client.post(CHAT, json=chat(top_logprobs=2)), 400, param="top_logprobs")
+    assert_error(client.post(CHAT, json=chat(tool_choice="required")), 400, param="tool_choice")
+    assert_error(client.post(CHAT, json=chat(tools=tools, tool_choice={
+        "type": "function", "function": {"name": "g"}})), 400, param="tool_choice")
+    assert_error(client.post(CHAT, json=chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x"}})), 400,
+        param="response_format.json_schema")
 
 
 def test_api_keys(scripted, client_for):

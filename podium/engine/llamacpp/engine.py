@@ -114,7 +114,7 @@ class LlamaCppEngine:
 
     def _serve(self, job: _Job) -> None:
         req = job.request
-        sampler = Sampler(req.sampling, self._n_vocab)
+        sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab)
         try:
             prompt_logprobs = self._prefill(req.prompt_token_ids, req.prompt_logprobs)
             self._decode_loop(job, sampler, prompt_logprobs)

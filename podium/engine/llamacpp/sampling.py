@@ -1,7 +1,8 @@
 """Per-request sampling on llama.cpp's native sampler chain, and logprobs from real logits.
 
-The chain follows llama.cpp's own order: logit bias, penalties, top-k, top-p, min-p,
-temperature, then a seeded draw (or greedy at temperature 0). Penalties see only generated
+The chain follows llama.cpp's own order: grammar (when the output is constrained), logit
+bias, penalties, top-k, top-p, min-p, temperature, then a seeded draw (or greedy at
+temperature 0). Penalties see only generated
 tokens, as OpenAI's presence and frequency penalties do.
 """
 
@@ -19,10 +20,16 @@ from podium.engine.base import SamplingParams, TokenLogprob
 class Sampler:
     """A llama.cpp sampler chain for one request; ``close()`` frees it."""
 
-    def __init__(self, params: SamplingParams, n_vocab: int):
+    def __init__(self, params: SamplingParams, n_vocab: int, vocab=None):
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params())
         self.seed = params.seed if params.seed is not None else random.getrandbits(32)
+        if params.grammar is not None:
+            grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
+            if not grammar:
+                self.close()
+                raise ValueError("llama.cpp rejected the grammar")
+            llama_cpp.llama_sampler_chain_add(self._chain, grammar)
         for stage in _stages(params, n_vocab, self.seed):
             llama_cpp.llama_sampler_chain_add(self._chain, stage)
 

@@ -91,6 +91,9 @@ class FallbackJsonParser(ToolParser):
         if self._in_list and stripped[0] == "]":
             self._in_list = False
             return skipped + 1
+        if not self._in_list and stripped[0] == "{":       # objects one after another
+            self._state = "start"
+            return skipped
         if self._fenced:
             if stripped.startswith("```"):
                 self._fenced = False
