@@ -36,6 +36,9 @@ def serve(settings: Settings) -> None:
     from podium.engine.llamacpp.model_files import resolve_model
     from podium.server.app import create_app
 
+    from podium.parsing.registry import check_names
+
+    check_names(settings.tool_parser, settings.reasoning_parser)
     path = resolve_model(settings.model, settings.model_file)
     engine = LlamaCppEngine(path, served_name=served_name(settings, path),
                             n_ctx=settings.ctx_size, n_batch=settings.batch_size,
@@ -66,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModelFilesError as exc:
         print(f"podium: {exc.message}", file=sys.stderr)
         return 1
+    except ValueError as exc:
+        print(f"podium: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

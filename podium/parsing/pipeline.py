@@ -30,11 +30,17 @@ class OutputParser:
 
     def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
+        reasoning, tools = self._reasoning, self._tools
         for event in events:
-            if isinstance(event, TextDelta):
+            if type(event) is TextDelta:
                 if event.logprobs:
                     self._logprobs += event.logprobs
-                self._route(self._split(event.text), out)
+                if reasoning is not None and not reasoning.finished:
+                    self._route(reasoning.feed(event.text), out)
+                elif tools is not None:
+                    out += tools.feed(event.text)
+                else:
+                    out.append(TextDelta(event.text))
             elif isinstance(event, Finish):
                 self._route(self._reasoning.flush() if self._reasoning else [], out)
                 if self._tools is not None:
@@ -42,10 +48,7 @@ class OutputParser:
                 out.append(self._finish(event))
             else:
                 out.append(event)
-        return self._attach_logprobs(out)
-
-    def _split(self, text: str) -> list[Event]:
-        return self._reasoning.feed(text) if self._reasoning else [TextDelta(text)]
+        return self._attach_logprobs(out) if self._logprobs else out
 
     def _route(self, events: list[Event], out: list[Event]) -> None:
         for event in events:
@@ -61,8 +64,6 @@ class OutputParser:
 
     def _attach_logprobs(self, out: list[Event]) -> list[Event]:
         """Logprobs go with the first visible text that follows them (content only)."""
-        if not self._logprobs:
-            return out
         for i, event in enumerate(out):
             if isinstance(event, TextDelta):
                 out[i] = TextDelta(event.text, self._logprobs)

@@ -19,6 +19,7 @@ class ReasoningParser:
         self._close = Markers(close_tag)
         self._state = "reasoning" if inside else "start"
         self._buf = ""
+        self.finished = False       # reasoning is over and nothing is held: all is content
 
     @classmethod
     def starts_inside(cls, prompt: str, open_tag: str, close_tag: str) -> bool:
@@ -33,6 +34,7 @@ class ReasoningParser:
             if used is None:
                 break
             self._buf = self._buf[used:]
+        self.finished = self._state == "content" and not self._buf
         return out
 
     def flush(self) -> list[Event]:

@@ -53,7 +53,7 @@ _WS = " \t\r\n"
 class JsonValue:
     """Follows one JSON value (object, array, string or scalar) through streamed text."""
 
-    __slots__ = ("_stack", "_in_string", "_escape", "_kind", "done", "text")
+    __slots__ = ("_stack", "_in_string", "_escape", "_kind", "done", "_parts", "last")
 
     def __init__(self) -> None:
         self._stack: list[str] = []     # open containers, '{' or '['
@@ -61,31 +61,42 @@ class JsonValue:
         self._escape = False
         self._kind = ""                 # "", "container", "string", "scalar"
         self.done = False
-        self.text = ""                  # the value's text so far (leading space skipped)
+        self._parts: list[str] = []     # the value's text (leading space skipped), in pieces
+        self.last = ""                  # the value's text taken by the last feed
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def text(self) -> str:
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
     def feed(self, chunk: str) -> int:
         """Consume ``chunk``; the index in it just past the value's end, or -1 (not ended).
 
         A scalar (number, true, false, null) ends before the first delimiter after it.
         """
-        i = 0
+        i = start = 0
         if not self._kind:
             while i < len(chunk) and chunk[i] in _WS:
                 i += 1
             if i == len(chunk):
+                self.last = ""
                 return -1
-            c = chunk[i]
+            start, c = i, chunk[i]
             if c in "{[":
                 self._kind = "container"
             elif c == '"':
                 self._kind, self._in_string = "string", True
-                self.text += c
                 i += 1
             else:
                 self._kind = "scalar"
-        start = i
         end = self._scan(chunk, i)
-        self.text += chunk[start:len(chunk) if end < 0 else end]
+        self.last = chunk[start:len(chunk) if end < 0 else end]
+        self._parts.append(self.last)
         if end >= 0:
             self.done = True
         return end
@@ -128,6 +139,7 @@ class JsonValue:
 
 
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
+_STRING_SPECIAL = re.compile(r'["\\\x00-\x1f]')
 _HEX = frozenset("0123456789abcdefABCDEF")
 _LITERALS = ("true", "false", "null")
 
@@ -155,11 +167,18 @@ class JsonPrefix:
     def feed(self, text: str) -> int:
         if self.broken:
             return 0
-        for i, c in enumerate(text):
-            if not self._char(c):
+        i, n = 0, len(text)
+        while i < n:
+            if self._in_string and not self._escape:     # skip plain string text at once
+                m = _STRING_SPECIAL.search(text, i)
+                i = m.start() if m else n
+                if i == n:
+                    break
+            if not self._char(text[i]):
                 self.broken = True
                 return i
-        return len(text)
+            i += 1
+        return n
 
     def _char(self, c: str) -> bool:
         if self._in_string:

@@ -56,13 +56,17 @@ class ToolParser:
     # -- the parser surface -------------------------------------------------------------
 
     def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        while self._buf:
-            used = self._step(self._buf)
+        buf = self._buf + text if self._buf else text
+        step = self._step
+        while buf:
+            used = step(buf)
             if used is None:
                 break
-            self._buf = self._back + self._buf[used:]
-            self._back = ""
+            if self._back:
+                buf, self._back = self._back + buf[used:], ""
+            else:
+                buf = buf[used:]
+        self._buf = buf
         out, self._out = self._out, []
         return out
 
@@ -132,7 +136,8 @@ class ToolParser:
         call = self._call
         if not text or call is None:
             return
-        accepted = text[:call.json.feed(text)]
+        n = call.json.feed(text)
+        accepted = text if n == len(text) else text[:n]
         if call.json.broken and not call.warned:
             call.warned = True
             log.warning("tool call %r has malformed arguments; keeping the valid part",

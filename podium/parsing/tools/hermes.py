@@ -28,14 +28,14 @@ class HermesParser(ToolParser):
         self._json: JsonCall | None = None
 
     def _step(self, buf: str) -> int | None:
+        if self._state == "call":
+            return self._in_call(buf)
         if self._state == "text":
             used, marker = self.scan_text(buf, self._open)
             if marker is not None:
                 self._state, self._raw = "call", marker
                 self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
             return used
-        if self._state == "call":
-            return self._in_call(buf)
         return self._after_call(buf)
 
     def _in_call(self, buf: str) -> int | None:

@@ -32,7 +32,6 @@ class JsonCall:
         self._state = "start"
         self._key: str | None = None
         self._value = JsonValue()
-        self._seen = 0                 # characters of the current value already handled
         self._early_args: list[str] = []   # arguments written before the name
         self.name: str | None = None
         self.failed = False
@@ -44,7 +43,7 @@ class JsonCall:
         """Consume ``chunk``; the index just past the object's end, or -1."""
         i, n = 0, len(chunk)
         while i < n and not (self.done or self.failed):
-            i = getattr(self, "_s_" + self._state)(chunk, i)
+            i = self._handlers[self._state](self, chunk, i)
         self.stopped_at = i
         return i if self.done else -1
 
@@ -93,17 +92,14 @@ class JsonCall:
             if chunk[i] != ":":
                 self.failed = True
                 return i
-            self._value, self._seen, self._state = JsonValue(), 0, "value"
+            self._value, self._state = JsonValue(), "value"
             return i + 1
         return i
 
     def _s_value(self, chunk: str, i: int) -> int:
         end = self._value.feed(chunk[i:])
-        value = self._value
-        if self._key in ARGUMENT_KEYS and value._kind == "container":
-            new = value.text[self._seen:]
-            self._seen = len(value.text)
-            self._args(new)
+        if self._key in ARGUMENT_KEYS and self._value.kind == "container":
+            self._args(self._value.last)
         if end < 0:
             return len(chunk)
         self._value_done()
@@ -125,7 +121,7 @@ class JsonCall:
             for part in self._early_args:
                 self._on_args(part)
             self._early_args = []
-        elif self._key in ARGUMENT_KEYS and self._value._kind != "container":
+        elif self._key in ARGUMENT_KEYS and self._value.kind != "container":
             self._args(_string_arguments(text))
 
     def _s_after(self, chunk: str, i: int) -> int:
@@ -155,6 +151,10 @@ class JsonCall:
             self._early_args.append(text)
         else:
             self._on_args(text)
+
+
+JsonCall._handlers = {name[3:]: fn for name, fn in vars(JsonCall).items()
+                      if name.startswith("_s_")}
 
 
 def _string_arguments(text: str) -> str:

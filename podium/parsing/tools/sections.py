@@ -140,9 +140,8 @@ class SectionParser(ToolParser):
         return used
 
     def _s_arguments(self, buf: str) -> int | None:
-        before = len(self._args.text)
         end = self._args.feed(buf)
-        self.call_args(self._args.text[before:])
+        self.call_args(self._args.last)
         if end < 0:
             return len(buf)
         self.end_call()
