@@ -178,6 +178,8 @@ class JsonPrefix:
                 self.broken = True
                 return i
             i += 1
+            if self.done:                 # stop right after the value's last character
+                return i
         return n
 
     def _char(self, c: str) -> bool:
