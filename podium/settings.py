@@ -47,6 +47,17 @@ class Settings:
     reasoning_field: str = _opt(
         "reasoning_content", "Where reasoning goes in chat answers: reasoning_content, "
         "reasoning, or both.")
+    store_url: str | None = _opt(
+        None, "Database for stored responses (SQLAlchemy URL; default: SQLite in the data "
+        "directory, $PODIUM_DATA_DIR or ~/.local/share/podium).")
+    response_retention_days: int = _opt(
+        30, "Delete finished stored responses older than this many days (0: keep all).")
+    strict_tools: bool = _opt(
+        False, "Refuse (400) Responses tools Podium cannot run (web_search ...) instead of "
+        "leaving them out with a warning.")
+    secret_key: str | None = _opt(
+        None, "Key that signs reasoning handed to clients (encrypted_content); default: one "
+        "made once in the data directory. Replicas must share it.")
     # engine
     ctx_size: int = _opt(8192, "Context window in tokens (0: the model's trained length).")
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")

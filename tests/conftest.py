@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +17,19 @@ from podium.server.app import create_app
 from podium.settings import Settings
 
 SERVED = "test-model"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_dir(tmp_path_factory):
+    """Stored responses and keys go to a throwaway directory, never the user's."""
+    path = tmp_path_factory.mktemp("podium-data")
+    old = os.environ.get("PODIUM_DATA_DIR")
+    os.environ["PODIUM_DATA_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("PODIUM_DATA_DIR", None)
+    else:
+        os.environ["PODIUM_DATA_DIR"] = old
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,21 @@ class ChatService:
 
     async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
         """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
+        prompt_tokens, choices = self.prepare(req)
+        cid, created = new_id("chatcmpl"), int(time.time())
+        if req.stream:
+            return self._stream(req, choices, prompt_tokens, cid, created)
+        fold = ChatFold(req.n, self._engine.tokenizer, req.logprobs,
+                        self._settings.reasoning_field)
+        async for index, event in run_choices(self._engine, choices):
+            fold.add(index, event)
+        return fold.result(cid, created, req.model, prompt_tokens)
+
+    def prepare(self, req: ChatCompletionRequest) -> tuple[int, list[Choice]]:
+        """Check, render and tokenize: the prompt's length and one ready ``Choice`` per n.
+
+        Every API that speaks in messages (Chat Completions, Responses) starts here.
+        """
         engine = self._engine
         check_model(req.model, engine)
         _refuse_unsupported(req)
@@ -50,14 +65,7 @@ class ChatService:
         prompt = engine.tokenizer.encode(text, add_special=True)
         budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
                                engine.info.context_length)
-        choices = [self._choice(req, prompt, text, budget, i) for i in range(req.n)]
-        cid, created = new_id("chatcmpl"), int(time.time())
-        if req.stream:
-            return self._stream(req, choices, len(prompt), cid, created)
-        fold = ChatFold(req.n, engine.tokenizer, req.logprobs, self._settings.reasoning_field)
-        async for index, event in run_choices(engine, choices):
-            fold.add(index, event)
-        return fold.result(cid, created, req.model, len(prompt))
+        return len(prompt), [self._choice(req, prompt, text, budget, i) for i in range(req.n)]
 
     def _render(self, req: ChatCompletionRequest) -> str:
         template = self._template

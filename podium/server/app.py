@@ -6,20 +6,26 @@ import contextlib
 from typing import Any, AsyncIterator
 
 import orjson
-from fastapi import FastAPI, Request
+from typing import Literal
+
+from fastapi import FastAPI, Query, Request
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from podium.api.chat import ChatService
 from podium.api.completions import CompletionService
+from podium.api.responses import ResponsesService
+from podium.api.sealing import Sealer, load_key
 from podium.engine.base import Engine
 from podium.errors import ModelNotFound, error_body
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
+from podium.protocol.responses import ResponsesRequest
 from podium.server import errors
 from podium.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
 from podium.server.sse import SSEResponse
 from podium.settings import Settings
+from podium.store.sql import SQLStore, data_dir
 
 _ERRORS = {status: {"description": text, "content": {"application/json": {"example": error_body(
     text, "invalid_request_error")}}} for status, text in [
@@ -31,25 +37,36 @@ def json_response(obj: Any) -> Response:
     return Response(orjson.dumps(obj), media_type="application/json")
 
 
-def respond(result: dict | AsyncIterator[dict]) -> Response | SSEResponse:
-    return json_response(result) if isinstance(result, dict) else SSEResponse(result)
+def respond(result: dict | AsyncIterator[dict], *, responses_api: bool = False
+            ) -> Response | SSEResponse:
+    if isinstance(result, dict):
+        return json_response(result)
+    return SSEResponse(result, responses_api=responses_api)
 
 
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
-    """The app serving ``engine``; the engine is closed when the app shuts down."""
+    """The app serving ``engine``; the engine and the store close when the app shuts down."""
+    store = SQLStore(settings.store_url)
+    chat = ChatService(engine, settings)
+    responses = ResponsesService(engine, chat, store, settings,
+                                 Sealer(load_key(settings.secret_key, data_dir())))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await responses.startup()
         try:
             yield
         finally:
+            await responses.shutdown()
             await engine.aclose()
+            await store.aclose()
 
     app = FastAPI(title="Podium", version="0.1.0", lifespan=lifespan,
                   summary="An OpenAI-compatible API server for open-weight models")
     app.state.engine = engine
-    app.state.chat = ChatService(engine, settings)
+    app.state.chat = chat
     app.state.completions = CompletionService(engine, settings)
+    app.state.responses = responses
     errors.install(app)
     _routes(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
@@ -74,6 +91,34 @@ def _routes(app: FastAPI) -> None:
     @app.post("/v1/completions", responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         return respond(await request.app.state.completions.create(body))
+
+    @app.post("/v1/responses", responses=_ERRORS)
+    async def create_response(body: ResponsesRequest, request: Request):
+        return respond(await request.app.state.responses.create(body), responses_api=True)
+
+    @app.get("/v1/responses/{response_id}", responses=_ERRORS)
+    async def get_response(response_id: str, request: Request, stream: bool = False,
+                           starting_after: int = Query(-1, ge=-1)):
+        service = request.app.state.responses
+        if stream:
+            return SSEResponse(await service.stream_existing(response_id, starting_after),
+                               responses_api=True)
+        return json_response(await service.retrieve(response_id))
+
+    @app.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
+    async def cancel_response(response_id: str, request: Request):
+        return json_response(await request.app.state.responses.cancel(response_id))
+
+    @app.delete("/v1/responses/{response_id}", responses=_ERRORS)
+    async def delete_response(response_id: str, request: Request):
+        return json_response(await request.app.state.responses.delete(response_id))
+
+    @app.get("/v1/responses/{response_id}/input_items", responses=_ERRORS)
+    async def list_input_items(response_id: str, request: Request, after: str | None = None,
+                               limit: int = Query(20, ge=1, le=100),
+                               order: Literal["asc", "desc"] = "desc"):
+        return json_response(await request.app.state.responses.input_items(
+            response_id, after, limit, order))
 
     @app.get("/v1/models")
     async def list_models(request: Request):

@@ -30,17 +30,33 @@ def frame(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+def named_frame(obj: Any) -> bytes:
+    """The Responses API's framing: each event's type is also its SSE event name."""
+    return b"event: " + obj["type"].encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
 def error_frame(exc: BaseException) -> bytes:
     if isinstance(exc, PodiumError):
         return frame(exc.to_body())
     return frame(error_body("The server failed while streaming the response.", "server_error"))
 
 
+def error_event_frame(exc: BaseException) -> bytes:
+    body = (exc.to_body() if isinstance(exc, PodiumError) else error_body(
+        "The server failed while streaming the response.", "server_error"))["error"]
+    return named_frame({"type": "error", "message": body["message"], "code": body["code"],
+                        "param": body["param"], "sequence_number": 0})
+
+
 class SSEResponse(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[Any]):
+    def __init__(self, events: AsyncIterator[Any], *, responses_api: bool = False):
+        """``responses_api``: named events, an ``error`` event on failure, no ``[DONE]``."""
         self._events = events
+        self._frame = named_frame if responses_api else frame
+        self._error = error_event_frame if responses_api else error_frame
+        self._done = b"" if responses_api else DONE
         self.status_code = 200
         self.background = None
         self.raw_headers = list(HEADERS)
@@ -60,15 +76,16 @@ class SSEResponse(Response):
         events = self._events
         try:
             async for obj in events:
-                await send({"type": "http.response.body", "body": frame(obj), "more_body": True})
+                await send({"type": "http.response.body", "body": self._frame(obj),
+                            "more_body": True})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             if not isinstance(exc, PodiumError) or exc.status_code >= 500:
                 log.exception("stream failed")
-            await send({"type": "http.response.body", "body": error_frame(exc),
+            await send({"type": "http.response.body", "body": self._error(exc),
                         "more_body": True})
         finally:
             await events.aclose()
-        await send({"type": "http.response.body", "body": DONE, "more_body": False})
+        await send({"type": "http.response.body", "body": self._done, "more_body": False})
 
 
 async def _until_disconnect(receive: Receive) -> None:

@@ -1,0 +1,117 @@
+"""Responses API request models (``POST /v1/responses``) and its input items."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from podium.protocol.common import LENIENT
+
+
+class TextContent(BaseModel):
+    model_config = LENIENT
+    type: Literal["input_text", "output_text", "text", "summary_text", "reasoning_text"]
+    text: str
+
+
+class OtherContent(BaseModel):
+    """Images, files, audio, refusals: named so the error can say what was refused."""
+
+    model_config = LENIENT
+    type: Literal["input_image", "input_file", "input_audio", "refusal"]
+
+
+Content = Annotated[TextContent | OtherContent, Field(discriminator="type")]
+
+
+class MessageItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[Content]
+    status: str | None = None
+
+
+class FunctionCallItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    arguments: str
+    namespace: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str
+    output: str | list[Content]
+    status: str | None = None
+
+
+class CustomToolCallItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["custom_tool_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = None
+
+
+class CustomToolCallOutputItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["custom_tool_call_output"]
+    id: str | None = None
+    call_id: str
+    output: str | list[Content]
+
+
+class ReasoningItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[TextContent] = Field(default_factory=list)
+    content: list[TextContent] | None = None
+    encrypted_content: str | None = None
+
+
+InputItem = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | CustomToolCallItem
+    | CustomToolCallOutputItem | ReasoningItem, Field(discriminator="type")]
+
+
+class ResponsesRequest(BaseModel):
+    model_config = LENIENT
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    max_tool_calls: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    seed: int | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    background: bool = False
+    stream: bool = False
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    client_metadata: dict[str, Any] | None = None

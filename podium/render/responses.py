@@ -1,0 +1,233 @@
+"""Semantic events to the Responses API: its stream events, and the response object.
+
+One ``ResponseBuilder`` per response. ``start()``, ``event(e)`` and ``finish(...)`` return the
+stream events the new state calls for (without sequence numbers: ``Sequencer`` stamps those,
+in one place); ``response`` is the object those same events describe, so the non-stream
+answer and the terminal event's ``response`` are the fold of exactly what was streamed.
+
+Item lifecycles: every ``output_item.added`` gets its ``output_item.done``, every
+``content_part.added`` its ``content_part.done``; output indices only grow.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from podium.engine.base import TokenLogprob, Tokenizer
+from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
+                                   ToolCallBegin, ToolCallEnd)
+from podium.render.logprobs import FLOOR
+
+Obj = dict[str, Any]
+
+# Every field of openai's Response type; nulls where OpenAI sends nulls.
+RESPONSE_NULLS = ("access_programs", "background", "completed_at", "conversation", "error",
+                  "image", "incomplete_details", "input_transformations", "instructions",
+                  "max_output_tokens", "max_tool_calls", "moderation", "previous_response_id",
+                  "prompt", "prompt_cache_diagnostics", "prompt_cache_key", "prompt_cache_options",
+                  "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier",
+                  "temperature", "text", "tool_usage", "top_logprobs", "top_p", "truncation",
+                  "usage", "user")
+
+
+def response_skeleton(**fields: Any) -> Obj:
+    base: Obj = {name: None for name in RESPONSE_NULLS}
+    base.update({"object": "response", "output": [], "metadata": {}, "parallel_tool_calls": True,
+                 "tool_choice": "auto", "tools": [], "status": "in_progress"})
+    base.update(fields)
+    return base
+
+
+class Sequencer:
+    """Stamps ``sequence_number`` 0, 1, 2, ... on events, in the one place that does it."""
+
+    def __init__(self, start: int = 0):
+        self.next = start
+
+    def stamp(self, events: list[Obj]) -> list[Obj]:
+        for event in events:
+            event["sequence_number"] = self.next
+            self.next += 1
+        return events
+
+
+class ResponseBuilder:
+    def __init__(self, response: Obj, tokenizer: Tokenizer, *,
+                 client_tool: Callable[[str], Any], new_id: Callable[[str], str],
+                 logprobs: int | None = None, seal: Callable[[str], str] | None = None):
+        self.response = response
+        self._tokenizer = tokenizer
+        self._client_tool = client_tool
+        self._new_id = new_id
+        self._logprobs = logprobs
+        self._seal = seal               # set when reasoning.encrypted_content is included
+        self._item: Obj | None = None   # the open output item
+        self._parts: list[str] = []     # its text so far
+        self._lps: list[Obj] = []       # its logprobs so far
+        self.reasoning_text: list[str] = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, queued: bool = False) -> list[Obj]:
+        first = {"type": "response.queued" if queued else "response.created",
+                 "response": self._snapshot()}
+        return [first] if queued else [first, {"type": "response.in_progress",
+                                               "response": self._snapshot()}]
+
+    def event(self, event: Event) -> list[Obj]:
+        if isinstance(event, TextDelta):
+            return self._open("message") + self._text(event)
+        if isinstance(event, ReasoningDelta):
+            self.reasoning_text.append(event.text)
+            events = self._open("reasoning")
+            self._parts.append(event.text)
+            return events + self._delta("response.reasoning_text.delta", event.text,
+                                        content_index=0)
+        if isinstance(event, ToolCallBegin):
+            return self._close() + self._open_call(event)
+        if isinstance(event, ToolCallArgsDelta):
+            self._parts.append(event.text)
+            if self._item["type"] != "function_call":
+                return []
+            return [{"type": "response.function_call_arguments.delta",
+                     "item_id": self._item["id"], "output_index": self._index(),
+                     "delta": event.text}]
+        if isinstance(event, ToolCallEnd):
+            return self._close()
+        return []
+
+    def finish(self, finish: Finish | None, usage: Obj | None, *, status: str | None = None,
+               error: Obj | None = None) -> list[Obj]:
+        """Close what is open and end the response: the one terminal event."""
+        events = self._close()
+        r = self.response
+        if status is None:
+            status = "incomplete" if finish is not None and finish.reason == "length" \
+                else "completed"
+        r["status"] = status
+        if status == "incomplete":
+            r["incomplete_details"] = {"reason": "max_output_tokens"}
+        if error is not None:
+            r["error"] = error
+        r["usage"] = usage
+        if status == "completed":
+            r["completed_at"] = time.time()
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+            status, "response.failed")
+        return events + [{"type": kind, "response": self._snapshot()}]
+
+    # -- items --------------------------------------------------------------------------
+
+    def _index(self) -> int:
+        return len(self.response["output"]) - 1
+
+    def _open(self, kind: str) -> list[Obj]:
+        if self._item is not None and self._item["type"] == kind:
+            return []
+        events = self._close()
+        if kind == "message":
+            item = {"id": self._new_id("msg"), "type": "message", "role": "assistant",
+                    "status": "in_progress", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        else:
+            item = {"id": self._new_id("rs"), "type": "reasoning", "summary": [],
+                    "content": [], "status": "in_progress"}
+            part = {"type": "reasoning_text", "text": ""}
+        self._item, self._parts, self._lps = item, [], []
+        self.response["output"].append(item)
+        return events + [
+            {"type": "response.output_item.added", "output_index": self._index(),
+             "item": dict(item, content=[])},
+            {"type": "response.content_part.added", "item_id": item["id"],
+             "output_index": self._index(), "content_index": 0, "part": part}]
+
+    def _open_call(self, event: ToolCallBegin) -> list[Obj]:
+        tool = self._client_tool(event.name)
+        if tool.kind == "custom":
+            item = {"id": self._new_id("ctc"), "type": "custom_tool_call",
+                    "call_id": event.id, "name": tool.name, "input": ""}
+        else:
+            item = {"id": self._new_id("fc"), "type": "function_call", "call_id": event.id,
+                    "name": tool.name, "arguments": "", "status": "in_progress"}
+        if tool.namespace:
+            item["namespace"] = tool.namespace
+        self._item, self._parts = item, []
+        self.response["output"].append(item)
+        return [{"type": "response.output_item.added", "output_index": self._index(),
+                 "item": dict(item)}]
+
+    def _text(self, event: TextDelta) -> list[Obj]:
+        self._parts.append(event.text)   # (after _open, which resets the parts)
+        logprobs = [self._logprob(lp) for lp in event.logprobs or ()] \
+            if self._logprobs is not None else []
+        self._lps += logprobs
+        return self._delta("response.output_text.delta", event.text, content_index=0,
+                           logprobs=logprobs)
+
+    def _delta(self, kind: str, text: str, **extra: Any) -> list[Obj]:
+        return [{"type": kind, "item_id": self._item["id"], "output_index": self._index(),
+                 "delta": text, **extra}]
+
+    def _close(self) -> list[Obj]:
+        item, self._item = self._item, None
+        if item is None:
+            return []
+        text, index = "".join(self._parts), len(self.response["output"]) - 1
+        base = {"item_id": item["id"], "output_index": index}
+        kind, events = item["type"], []
+        if kind == "message":
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": self._lps}
+            item.update(status="completed", content=[part])
+            events = [{"type": "response.output_text.done", **base, "content_index": 0,
+                       "text": text, "logprobs": self._lps},
+                      {"type": "response.content_part.done", **base, "content_index": 0,
+                       "part": part}]
+        elif kind == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            item.update(status="completed", content=[part])
+            if self._seal is not None:
+                item["encrypted_content"] = self._seal(text)
+            events = [{"type": "response.reasoning_text.done", **base, "content_index": 0,
+                       "text": text},
+                      {"type": "response.content_part.done", **base, "content_index": 0,
+                       "part": part}]
+        elif kind == "function_call":
+            item.update(status="completed", arguments=text)
+            events = [{"type": "response.function_call_arguments.done", **base,
+                       "arguments": text, "name": item["name"]}]
+        else:   # custom tool call: the input is the one string argument
+            item["input"] = _custom_input(text)
+        return events + [{"type": "response.output_item.done", "output_index": index,
+                          "item": item}]
+
+    def _snapshot(self) -> Obj:
+        return dict(self.response, output=list(self.response["output"]))
+
+    def _logprob(self, lp: TokenLogprob) -> Obj:
+        piece = self._tokenizer.piece
+        top = [{"token": piece(t).decode("utf-8", "replace"), "bytes": list(piece(t)),
+                "logprob": max(v, FLOOR)} for t, v in lp.top[:self._logprobs or 0]]
+        return {"token": piece(lp.token_id).decode("utf-8", "replace"),
+                "bytes": list(piece(lp.token_id)), "logprob": max(lp.logprob, FLOOR),
+                "top_logprobs": top}
+
+
+def _custom_input(arguments: str) -> str:
+    import json
+
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return value["input"]
+    return arguments
+
+
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int) -> Obj:
+    return {"input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": prompt_tokens + completion_tokens}

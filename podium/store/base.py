@@ -1,0 +1,56 @@
+"""The response store boundary: a handful of async methods, nothing else.
+
+It keeps responses (the whole response object and the conversation that led to it), their
+input items, and an append-only log of each streamed or background response's events.
+The SQL implementation (``podium.store.sql``) is the only one: SQLite by default, any
+SQLAlchemy URL (PostgreSQL) for several replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+@dataclass
+class StoredResponse:
+    id: str
+    body: dict[str, Any]                 # the response object, as clients see it
+    history: list[dict[str, Any]]        # conversation items before this response's output
+    input_items: list[dict[str, Any]] = field(default_factory=list)   # this request's own
+
+    @property
+    def status(self) -> str:
+        return self.body.get("status") or "completed"
+
+
+class ResponseStore(Protocol):
+    async def put(self, record: StoredResponse) -> None:
+        """Insert a response with its input items (or replace its body and history)."""
+
+    async def update(self, response_id: str, body: dict[str, Any]) -> None:
+        """Replace the response object of an existing response."""
+
+    async def get(self, response_id: str) -> StoredResponse | None: ...
+
+    async def delete(self, response_id: str) -> bool: ...
+
+    async def input_items(self, response_id: str, *, after: str | None, limit: int,
+                          order: str) -> tuple[list[dict[str, Any]], bool]:
+        """A page of input items, and whether more follow."""
+
+    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Add events (each carrying its ``sequence_number``) to the response's log."""
+
+    async def events_after(self, response_id: str, after: int) -> list[dict[str, Any]]:
+        """Logged events with ``sequence_number`` > ``after``, in order."""
+
+    async def fail_unfinished(self, message: str) -> list[str]:
+        """Mark queued / in-progress responses failed (after a crash); their ids."""
+
+    async def prune(self, older_than: float) -> int:
+        """Delete responses created before ``older_than`` (epoch seconds); how many."""
+
+    async def aclose(self) -> None: ...
