@@ -60,6 +60,7 @@ def test_text_response_object_and_stream_agree(app_for):
     c = app_for(["Hello there!"])
     body = c.post(URL, json=ask()).json()
     Response.model_validate(body)
+    assert set(Response.model_fields) <= set(body)      # every declared field, nulls included
     assert body["status"] == "completed" and body["object"] == "response"
     assert body["output"][0]["content"][0]["text"] == "Hello there!"
     assert body["usage"]["output_tokens"] > 0 and body["usage"]["input_tokens"] > 0
