@@ -1,0 +1,87 @@
+"""A real agent client: the Codex CLI completes a turn against Podium on the default model.
+
+Codex speaks the Responses API with ``stream: true`` and ``store: false``, sends about 8k
+tokens of instructions and a dozen tools (``web_search`` among them, which Podium leaves out).
+The CLI comes from the npm registry (cached between runs); this machine kind has npm.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import MODEL, _free_port
+
+CODEX_VERSION = "0.169.0"
+
+
+def codex_binary() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache / "podium-tests" / f"codex-{CODEX_VERSION}"
+    binary = root / "node_modules" / ".bin" / "codex"
+    if not binary.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.fail("The Codex test needs npm (Debian: apt-get install npm)")
+        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
+                        f"@openai/codex@{CODEX_VERSION}"], check=True, timeout=600,
+                       capture_output=True)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def long_context_server(tmp_path_factory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("codex-server") / "server.log"
+    env = {**os.environ, "PODIUM_DATA_DIR": str(log_path.parent)}
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port),
+                                 "--ctx-size", "32768"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    yield url, log_path
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_codex_exec_completes_a_turn(long_context_server, tmp_path):
+    url, log_path = long_context_server
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(f'''
+model = "{MODEL}"
+model_provider = "podium"
+approval_policy = "never"
+sandbox_mode = "read-only"
+
+[model_providers.podium]
+name = "Podium"
+base_url = "{url}/v1"
+wire_api = "responses"
+''')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI")}
+    env["CODEX_HOME"] = str(home)
+    result = subprocess.run([str(codex_binary()), "exec", "--skip-git-repo-check",
+                             "Say hello in one short sentence."], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=900,
+                            stdin=subprocess.DEVNULL)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "tokens used" in output
+    assert "stream error" not in output.lower() and "unexpected status" not in output.lower()
+    server_log = log_path.read_text()
+    assert '"POST /v1/responses HTTP/1.1" 200' in server_log
+    assert " 400 " not in server_log and " 500 " not in server_log
+    assert result.stdout.strip()            # the agent's final message
