@@ -52,9 +52,6 @@ def server_url():
 
 @pytest.fixture(scope="session")
 def client(server_url) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="session")
-def aclient(server_url) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
+    yield client
+    client.close()

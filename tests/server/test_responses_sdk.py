@@ -30,7 +30,9 @@ def sdk(tokenizer, tmp_path):
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    yield client
+    client.close()
     server.should_exit = True
     thread.join(timeout=10)
 
