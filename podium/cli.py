@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ def serve(settings: Settings) -> None:
     from podium.engine.llamacpp.engine import LlamaCppEngine
     from podium.engine.llamacpp.model_files import resolve_model
     from podium.server.app import create_app
+    from podium.server.lifecycle import Server
 
     from podium.parsing.registry import check_names
 
@@ -43,12 +45,15 @@ def serve(settings: Settings) -> None:
     engine = LlamaCppEngine(path, served_name=served_name(settings, path),
                             n_ctx=settings.ctx_size, n_batch=settings.batch_size,
                             n_threads=settings.threads)
-    logging.getLogger("podium").info(
-        "serving %s as %r (context %d tokens)", path, engine.info.served_name,
-        engine.info.context_length)
+    log = logging.getLogger("podium")
+    log.info("serving %s as %r (context %d tokens)", path, engine.info.served_name,
+             engine.info.context_length)
+    log.info("settings: %s", json.dumps(settings.redacted()))
     app = create_app(settings, engine)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
+                            log_level=settings.log_level, access_log=False,
+                            timeout_graceful_shutdown=settings.shutdown_grace + 5)
+    Server(config, app.state.drain, settings.shutdown_grace).run()
 
 
 def main(argv: list[str] | None = None) -> int:

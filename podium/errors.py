@@ -11,6 +11,7 @@ Every error a client can see is one of these, raised where it is found and turne
     ├── NotFoundError                404 invalid_request_error
     │   └── ModelNotFound            404 invalid_request_error / model_not_found
     ├── PayloadTooLarge              413 invalid_request_error / payload_too_large
+    ├── RateLimited                  429 rate_limit_error / rate_limit_exceeded (Retry-After)
     ├── EngineError                  500 server_error (the engine failed mid-request)
     └── ModelFilesError              (start-up only: the model file cannot be had)
 """
@@ -27,11 +28,13 @@ class PodiumError(Exception):
     error_type = "server_error"
     default_code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code if code is not None else self.default_code
+        self.headers = headers
 
     def to_body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.param, self.code)
@@ -77,6 +80,17 @@ class PayloadTooLarge(PodiumError):
     status_code = 413
     error_type = "invalid_request_error"
     default_code = "payload_too_large"
+
+
+class RateLimited(PodiumError):
+    """Too many requests (concurrently, or for this key per minute): retry later (429)."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message, headers={"retry-after": str(retry_after)})
 
 
 class EngineError(PodiumError):

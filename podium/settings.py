@@ -37,6 +37,17 @@ class Settings:
     cors_origins: list[str] = _opt(
         (), "Origins allowed by CORS ('*' for any); repeat for several.", multiple=True)
     max_body_bytes: int = _opt(8 * 1024 * 1024, "Largest request body accepted (413 beyond).")
+    max_concurrent_requests: int = _opt(
+        512, "Generating requests served at once; past it 429 with Retry-After (0: no limit).")
+    rate_limit_per_minute: int = _opt(
+        0, "Requests per minute per API key (or client address without keys); 0: no limit.")
+    max_tokens_cap: int = _opt(
+        0, "Largest max_tokens / max_output_tokens accepted, and the default (0: the context).")
+    shutdown_grace: int = _opt(
+        20, "Seconds running streams get to finish after SIGTERM before they are ended.")
+    log_format: str = _opt("text", "Request log lines as text or json.")
+    log_requests: bool = _opt(
+        False, "Log request bodies and generated text (off: never logged).")
     allow_request_chat_template: bool = _opt(
         False, "Let requests carry their own 'chat_template' (refused with 400 otherwise).")
     tool_parser: str = _opt(
@@ -65,16 +76,32 @@ class Settings:
     seed: int = _opt(-1, "Default sampling seed for requests without one (-1: random).")
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
 
+    config: str | None = _opt(None, "A TOML file of settings (names as below, with _ or -).")
+
     @classmethod
     def from_sources(cls, argv: list[str] | None = None,
                      environ: Mapping[str, str] | None = None) -> "Settings":
-        """Parse ``argv`` (flags) over ``environ`` (``PODIUM_*``) over the defaults."""
+        """Flags over ``PODIUM_*`` environment variables over a config file over defaults."""
         environ = os.environ if environ is None else environ
-        values = {f.name: _from_env(f, environ[ENV_PREFIX + f.name.upper()])
-                  for f in dataclasses.fields(cls) if ENV_PREFIX + f.name.upper() in environ}
-        parsed = build_parser(cls).parse_args(argv or [])
-        values.update({k: v for k, v in vars(parsed).items() if v is not None})
+        parsed = {k: v for k, v in vars(build_parser(cls).parse_args(argv or [])).items()
+                  if v is not None}
+        from_env = {f.name: _from_env(f, environ[ENV_PREFIX + f.name.upper()])
+                    for f in dataclasses.fields(cls) if ENV_PREFIX + f.name.upper() in environ}
+        path = parsed.get("config") or from_env.get("config")
+        values = _from_file(cls, path) if path else {}
+        values.update(from_env)
+        values.update(parsed)
         return cls(**values)
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective settings, safe to log: keys and passwords masked."""
+        out = dataclasses.asdict(self)
+        out["api_key"] = ["***"] * len(self.api_key)
+        out["secret_key"] = "***" if self.secret_key else None
+        if self.store_url and "@" in self.store_url:
+            scheme, _, rest = self.store_url.partition("://")
+            out["store_url"] = f"{scheme}://***@{rest.rpartition('@')[2]}"
+        return out
 
 
 def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = None
@@ -93,6 +120,22 @@ def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = 
             kind = int if f.type in ("int", int) else str
             parser.add_argument(flag, type=kind, default=None, help=help_text)
     return parser
+
+
+def _from_file(cls: type, path: str) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read config file {path}: {exc}") from exc
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {key.replace("-", "_"): value for key, value in raw.items()}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown settings in {path}: {', '.join(unknown)}")
+    return values
 
 
 def _from_env(f: dataclasses.Field, raw: str) -> Any:

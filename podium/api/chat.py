@@ -64,7 +64,7 @@ class ChatService:
         text = self._render(req)
         prompt = engine.tokenizer.encode(text, add_special=True)
         budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
-                               engine.info.context_length)
+                               engine.info.context_length, self._settings.max_tokens_cap)
         return len(prompt), [self._choice(req, prompt, text, budget, i) for i in range(req.n)]
 
     def _render(self, req: ChatCompletionRequest) -> str:

@@ -35,7 +35,8 @@ class CompletionService:
         prompts = self._prompts(req.prompt)
         choices, echoes = [], []
         for p in prompts:
-            budget = output_budget(len(p.token_ids), req.max_tokens, engine.info.context_length)
+            budget = output_budget(len(p.token_ids), req.max_tokens, engine.info.context_length,
+                                   self._settings.max_tokens_cap)
             for i in range(req.n):
                 choices.append(self._choice(req, p, budget, i))
                 echoes.append(p if req.echo else None)

@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from podium import telemetry
 from podium.engine.base import Engine, EngineRequest, SamplingParams
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
 from podium.parsing.events import Event
@@ -21,6 +22,9 @@ from podium.text.pipeline import TextPipeline
 
 
 def check_model(requested: str, engine: Engine) -> None:
+    record = telemetry.current()
+    if record is not None:
+        record.model = requested
     if requested != engine.info.served_name:
         raise ModelNotFound(f"The model '{requested}' does not exist; this server serves "
                             f"'{engine.info.served_name}'", param="model")
@@ -32,14 +36,18 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def output_budget(prompt_tokens: int, requested: int | None, context: int) -> int:
-    """Max new tokens: as asked, or what the context has left; 400 if that does not fit."""
+def output_budget(prompt_tokens: int, requested: int | None, context: int, cap: int = 0) -> int:
+    """Max new tokens: as asked, or what the context has left (at most ``cap`` when set);
+    400 if that does not fit."""
+    if cap and requested is not None and requested > cap:
+        raise InvalidRequestError(f"max_tokens is {requested}; this server allows at most {cap}",
+                                  param="max_tokens")
     if prompt_tokens >= context:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens, but the prompt has "
             f"{prompt_tokens} tokens", param="messages")
     if requested is None:
-        return context - prompt_tokens
+        return min(context - prompt_tokens, cap) if cap else context - prompt_tokens
     if prompt_tokens + requested > context:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens. However, you requested "
@@ -105,11 +113,18 @@ class Choice:
 async def run_choice(engine: Engine, index: int, choice: Choice
                      ) -> AsyncIterator[tuple[int, Event]]:
     outputs = engine.generate(choice.request)
+    record = telemetry.current()
+    if record is not None and index == 0:
+        record.prompt(len(choice.request.prompt_token_ids))
     try:
         parser = choice.parser
         async for out in outputs:
+            if record is not None and out.token_ids:
+                record.tokens(len(out.token_ids))
             events = choice.pipeline.feed(out)
             for event in parser.feed(events) if parser is not None else events:
+                if record is not None and record.capture and hasattr(event, "text"):
+                    record.output.append(event.text)
                 yield index, event
             if choice.pipeline.finished:
                 break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
@@ -22,7 +23,10 @@ from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.server import errors
-from podium.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from podium.server.lifecycle import Drain
+from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
+                                     RequestMiddleware)
+from podium.telemetry import Metrics
 from podium.server.sse import SSEResponse
 from podium.settings import Settings
 from podium.store.sql import SQLStore, data_dir
@@ -35,6 +39,18 @@ _ERRORS = {status: {"description": text, "content": {"application/json": {"examp
 
 def json_response(obj: Any) -> Response:
     return Response(orjson.dumps(obj), media_type="application/json")
+
+
+def json_response_status(obj: Any, status: int) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _gauges(engine: Engine, store: SQLStore) -> dict[str, float]:
+    stats = engine.stats
+    return {"running_sequences": stats.get("running", 0),
+            "queued_sequences": stats.get("waiting", 0),
+            "kv_cache_usage_ratio": stats.get("kv_tokens", 0) / max(1, engine.info.context_length),
+            "stored_responses": store.count()}
 
 
 def respond(result: dict | AsyncIterator[dict], *, responses_api: bool = False
@@ -67,11 +83,20 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.chat = chat
     app.state.completions = CompletionService(engine, settings)
     app.state.responses = responses
+    app.state.metrics = metrics = Metrics(lambda: _gauges(engine, store))
+    app.state.drain = Drain()
+    app.state.store = store
     errors.install(app)
     _routes(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    # added innermost first: CORS, requests, body limit, keys, limits, app
+    app.add_middleware(LimitMiddleware, max_concurrent=settings.max_concurrent_requests,
+                       per_minute=settings.rate_limit_per_minute)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, keys=list(settings.api_key))
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(RequestMiddleware, metrics=metrics,
+                       json_logs=settings.log_format == "json",
+                       log_requests=settings.log_requests)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["*"], allow_headers=["*"])
@@ -133,4 +158,19 @@ def _routes(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health(request: Request):
+        """Alive (the process answers), with the engine's counters."""
         return json_response({"status": "ok", "engine": dict(request.app.state.engine.stats)})
+
+    @app.get("/ready", responses={503: {"description": "Not ready"}})
+    async def ready(request: Request):
+        """Ready: the model is loaded and the store answers."""
+        try:
+            await request.app.state.store.ping()
+        except Exception as exc:  # noqa: BLE001 - any store failure means not ready
+            return json_response_status({"status": "not ready", "store": str(exc)}, 503)
+        return json_response({"status": "ready", "model": request.app.state.engine.info.served_name})
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        body = await asyncio.to_thread(generate_latest, request.app.state.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)

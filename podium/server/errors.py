@@ -11,12 +11,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from podium import telemetry
 from podium.errors import PodiumError, error_body
 
 log = logging.getLogger(__name__)
 
 
 def error_response(status: int, body: dict, headers: dict[str, str] | None = None) -> Response:
+    telemetry.note_error(body["error"].get("code") or body["error"]["type"])
     return Response(orjson.dumps(body), status_code=status, media_type="application/json",
                     headers=headers)
 
@@ -40,7 +42,7 @@ def _location(loc: tuple) -> str:
 async def on_podium_error(_: Request, exc: PodiumError) -> Response:
     if exc.status_code >= 500:
         log.error("request failed: %s", exc.message)
-    return error_response(exc.status_code, exc.to_body())
+    return error_response(exc.status_code, exc.to_body(), headers=exc.headers)
 
 
 async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:

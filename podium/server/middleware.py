@@ -1,23 +1,135 @@
-"""Pure ASGI middleware: API keys and the request body limit."""
+"""Pure ASGI middleware: request ids and the access log, API keys, limits.
+
+Order, outermost first: CORS, requests (id, metrics, log line), body limit, API keys,
+request limits (concurrency and per-key rate), then the app.
+"""
 
 from __future__ import annotations
 
 import hmac
+import re
+import secrets
+import time
+from collections import OrderedDict
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from podium.errors import AuthenticationError, PayloadTooLarge, PodiumError
+from podium import telemetry
+from podium.errors import AuthenticationError, PayloadTooLarge, PodiumError, RateLimited
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 async def _send_error(send: Send, exc: PodiumError) -> None:
+    telemetry.note_error(exc.code or exc.error_type)
     headers = [(b"content-type", b"application/json")]
     if isinstance(exc, AuthenticationError):
         headers.append((b"www-authenticate", b"Bearer"))
+    for name, value in (exc.headers or {}).items():
+        headers.append((name.encode(), value.encode()))
     await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": orjson.dumps(exc.to_body())})
+
+
+def endpoint_of(path: str) -> str:
+    """A low-cardinality label for a path (ids replaced by placeholders)."""
+    if path.startswith("/v1/responses/"):
+        rest = path[len("/v1/responses/"):].split("/")
+        return "/v1/responses/{id}" + ("/" + rest[1] if len(rest) > 1 else "")
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{id}"
+    return path if path in (*GENERATING, "/v1/models", *OPEN_PATHS) else "other"
+
+
+class RequestMiddleware:
+    """Every response gets an ``x-request-id`` (the client's, or a new one); every request
+    ends as one log line and a few metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: telemetry.Metrics, json_logs: bool,
+                 log_requests: bool):
+        self.app = app
+        self._metrics, self._json, self._capture = metrics, json_logs, log_requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _REQUEST_ID.match(given) else "req_" + secrets.token_hex(12)
+        record = telemetry.RequestRecord(rid, endpoint_of(scope["path"]), self._metrics,
+                                         self._capture)
+        token = telemetry.CURRENT.set(record)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        async def capture(message_source=receive) -> Message:
+            message = await message_source()
+            if message["type"] == "http.request" and len(record.body) < 1 << 20:
+                record.body += message.get("body", b"")
+            return message
+
+        try:
+            await self.app(scope, capture if self._capture else receive, send_with_id)
+        finally:
+            telemetry.CURRENT.reset(token)
+            self._metrics.requests.labels(record.endpoint, str(record.status or 500)).inc()
+            if record.endpoint not in OPEN_PATHS:
+                telemetry.access_log.info(record.line(self._json))
+
+
+class LimitMiddleware:
+    """At most ``max_concurrent`` generating requests at once, and ``per_minute`` requests
+    per API key (or per client address without keys); past either, 429 with Retry-After."""
+
+    def __init__(self, app: ASGIApp, max_concurrent: int, per_minute: int):
+        self.app = app
+        self._max, self._per_minute = max_concurrent, per_minute
+        self._active = 0
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if self._per_minute and not self._take(self._client(scope)):
+            return await _send_error(send, RateLimited(
+                f"Rate limit of {self._per_minute} requests per minute reached",
+                retry_after=max(1, int(60 / self._per_minute))))
+        generating = scope["method"] == "POST" and scope["path"] in GENERATING
+        if not generating or not self._max:
+            return await self.app(scope, receive, send)
+        if self._active >= self._max:
+            return await _send_error(send, RateLimited(
+                f"The server is at its limit of {self._max} concurrent requests"))
+        self._active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._active -= 1
+
+    def _client(self, scope: Scope) -> str:
+        auth = dict(scope["headers"]).get(b"authorization")
+        if auth:
+            return "key:" + auth.decode("latin-1")
+        client = scope.get("client")
+        return "addr:" + (client[0] if client else "?")
+
+    def _take(self, who: str) -> bool:
+        """A token bucket per client: ``per_minute`` tokens, refilled continuously."""
+        now = time.monotonic()
+        tokens, stamp = self._buckets.pop(who, (float(self._per_minute), now))
+        tokens = min(self._per_minute, tokens + (now - stamp) * self._per_minute / 60)
+        allowed = tokens >= 1
+        self._buckets[who] = (tokens - 1 if allowed else tokens, now)
+        while len(self._buckets) > 10_000:           # bounded: forget the least recent
+            self._buckets.popitem(last=False)
+        return allowed
 
 
 class APIKeyMiddleware:

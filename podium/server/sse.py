@@ -19,6 +19,16 @@ from starlette.types import Receive, Scope, Send
 
 from podium.errors import PodiumError, error_body
 
+
+class ServerShuttingDown(PodiumError):
+    """The server stopped before this stream finished (503, in-band)."""
+
+    status_code = 503
+    default_code = "server_shutting_down"
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down; this response was cut short.")
+
 log = logging.getLogger(__name__)
 
 DONE = b"data: [DONE]\n\n"
@@ -63,12 +73,24 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        drain = getattr(getattr(scope.get("app"), "state", None), "drain", None)
         async with anyio.create_task_group() as group:
+            stream_scope = anyio.CancelScope()
+
             async def stream_then_stop() -> None:
-                await self._stream(send)
+                with stream_scope:
+                    await self._stream(send)
+                if stream_scope.cancelled_caught:      # the server is stopping: say so
+                    await self._end(send, ServerShuttingDown())
                 group.cancel_scope.cancel()
 
+            async def end_on_drain() -> None:
+                await drain.event().wait()
+                stream_scope.cancel()
+
             group.start_soon(stream_then_stop)
+            if drain is not None:
+                group.start_soon(end_on_drain)
             await _until_disconnect(receive)
             group.cancel_scope.cancel()
 
@@ -81,10 +103,14 @@ class SSEResponse(Response):
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             if not isinstance(exc, PodiumError) or exc.status_code >= 500:
                 log.exception("stream failed")
-            await send({"type": "http.response.body", "body": self._error(exc),
-                        "more_body": True})
+            await self._end(send, exc)
+            return
         finally:
             await events.aclose()
+        await send({"type": "http.response.body", "body": self._done, "more_body": False})
+
+    async def _end(self, send: Send, exc: BaseException) -> None:
+        await send({"type": "http.response.body", "body": self._error(exc), "more_body": True})
         await send({"type": "http.response.body", "body": self._done, "more_body": False})
 
 

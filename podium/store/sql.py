@@ -208,6 +208,14 @@ class SQLStore:
                     db.execute(sa.delete(table).where(column.in_(ids)))
         return len(ids)
 
+    def count(self) -> int:
+        """Stored responses (sync: read by the metrics collector on a worker thread)."""
+        with self.engine.connect() as db:
+            return db.execute(sa.select(sa.func.count()).select_from(responses)).scalar() or 0
+
+    async def ping(self) -> None:
+        await self._run(self.count)
+
     async def aclose(self) -> None:
         await self._run(self.engine.dispose)
 

@@ -57,7 +57,8 @@ class LlamaCppEngine:
         self._cached: list[int] = []          # the tokens whose KV entries sit in the cache
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._active: dict[str, _Job] = {}
-        self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0}
+        self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0,
+                      "kv_tokens": 0}
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
         self._worker.start()
 
@@ -200,6 +201,7 @@ class LlamaCppEngine:
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
         self._cached.extend(tokens)
+        self.stats["kv_tokens"] = len(self._cached)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -1,0 +1,130 @@
+"""What Podium tells its operators: Prometheus metrics and one log line per request.
+
+``RequestRecord`` follows one HTTP request (a context variable makes it reachable from the
+generation code without threading it through every call); when the request ends the access
+middleware turns it into metrics and a log line. Prompts and outputs are never logged unless
+``--log-requests`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+access_log = logging.getLogger("podium.access")
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    """The app's metrics, in a registry of its own (several apps can live in one process)."""
+
+    def __init__(self, gauges: Callable[[], dict[str, float]]):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("podium_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.ttft = Histogram("podium_time_to_first_token_seconds",
+                              "Time from request to first generated token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("podium_inter_token_latency_seconds",
+                             "Time between generated tokens of one choice",
+                             buckets=GAP_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("podium_prompt_tokens", "Prompt tokens processed",
+                                     registry=r)
+        self.generation_tokens = Counter("podium_generation_tokens", "Tokens generated",
+                                         registry=r)
+        self.errors = Counter("podium_errors", "Error responses by error type", ["type"],
+                              registry=r)
+        r.register(_GaugeCollector(gauges))
+
+
+class _GaugeCollector:
+    """Gauges read at scrape time (engine state, store size): nothing to keep in sync."""
+
+    def __init__(self, read: Callable[[], dict[str, float]]):
+        self._read = read
+
+    def collect(self):
+        for name, value in self._read().items():
+            yield GaugeMetricFamily(f"podium_{name}", name.replace("_", " "), value=value)
+
+
+@dataclass
+class RequestRecord:
+    id: str
+    endpoint: str
+    metrics: Metrics | None = None
+    capture: bool = False                # --log-requests: keep the request and output text
+    start: float = field(default_factory=time.monotonic)
+    model: str | None = None
+    status: int = 0
+    error_type: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token: float | None = None
+    _last_token: float | None = None
+    body: bytes = b""
+    output: list[str] = field(default_factory=list)
+
+    def tokens(self, count: int) -> None:
+        """``count`` new tokens from the engine for this request."""
+        now = time.monotonic()
+        metrics = self.metrics
+        if self.first_token is None:
+            self.first_token = now
+            if metrics is not None:
+                metrics.ttft.observe(now - self.start)
+        elif metrics is not None and self._last_token is not None:
+            metrics.itl.observe(now - self._last_token)
+        self._last_token = now
+        self.completion_tokens += count
+        if metrics is not None:
+            metrics.generation_tokens.inc(count)
+
+    def prompt(self, count: int) -> None:
+        self.prompt_tokens += count
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(count)
+
+    def line(self, json_format: bool) -> str:
+        fields: dict[str, Any] = {
+            "request_id": self.id, "endpoint": self.endpoint, "model": self.model,
+            "status": self.status, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ttft_ms": None if self.first_token is None
+            else round((self.first_token - self.start) * 1000, 1),
+            "duration_ms": round((time.monotonic() - self.start) * 1000, 1)}
+        if self.error_type:
+            fields["error"] = self.error_type
+        if self.capture:
+            fields["request"] = self.body.decode("utf-8", "replace")
+            fields["output"] = "".join(self.output)
+        if json_format:
+            return json.dumps(fields, ensure_ascii=False)
+        return " ".join(f"{k}={json.dumps(v, ensure_ascii=False) if isinstance(v, str) else v}"
+                        for k, v in fields.items())
+
+
+CURRENT: ContextVar[RequestRecord | None] = ContextVar("podium_request", default=None)
+
+
+def current() -> RequestRecord | None:
+    return CURRENT.get()
+
+
+def note_error(kind: str) -> None:
+    """Count an error response (by code or type) for the current request."""
+    record = CURRENT.get()
+    if record is not None:
+        record.error_type = kind
+        if record.metrics is not None:
+            record.metrics.errors.labels(kind).inc()
