@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 import orjson
-from typing import Literal
-
 from fastapi import FastAPI, Query, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
@@ -26,15 +25,15 @@ from podium.server import errors
 from podium.server.lifecycle import Drain
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
-from podium.telemetry import Metrics
 from podium.server.sse import SSEResponse
 from podium.settings import Settings
 from podium.store.sql import SQLStore, data_dir
+from podium.telemetry import Metrics
 
 _ERRORS = {status: {"description": text, "content": {"application/json": {"example": error_body(
     text, "invalid_request_error")}}} for status, text in [
     (400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model"),
-    (413, "Request body too large")]}
+    (413, "Request body too large"), (429, "Too many requests (see Retry-After)")]}
 
 
 def json_response(obj: Any) -> Response:
