@@ -26,7 +26,15 @@ def reply_of(tokens: int) -> str:
     return " ".join(words[i % len(words)] for i in range(tokens))
 
 
+def raise_fd_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main() -> None:
+    raise_fd_limit()
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--tokens", type=int, default=512)
@@ -35,8 +43,9 @@ def main() -> None:
     engine = ScriptedEngine.from_gguf(default_model_path(), [reply_of(args.tokens)],
                                       served_name=SERVED, delay=args.delay,
                                       context_length=1 << 20)
-    app = create_app(Settings(), engine)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    app = create_app(Settings(max_concurrent_requests=0), engine)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                backlog=4096)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,13 @@ def sampling_params(req: SamplingFields, max_tokens: int, vocab_size: int,
     )
 
 
+MAX_LOGIT_BIAS = 1024
+
+
 def logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    if raw and len(raw) > MAX_LOGIT_BIAS:
+        raise InvalidRequestError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens",
+                                  param="logit_bias")
     out: dict[int, float] = {}
     for key, bias in (raw or {}).items():
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterable
 
@@ -34,7 +35,8 @@ class ScriptedEngine:
         self.tokens_per_step = max(1, tokens_per_step)
         self._eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
         self._aborted: set[str] = set()
-        self.requests: list[EngineRequest] = []   # what the API layer asked for, for tests
+        # the most recent requests, for tests (bounded: a benchmark sends thousands)
+        self.requests: deque[EngineRequest] = deque(maxlen=64)
         self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0}
 
     @classmethod

@@ -10,7 +10,7 @@ import orjson
 from fastapi import FastAPI, Query, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from podium.api.chat import ChatService
 from podium.api.completions import CompletionService
@@ -22,7 +22,7 @@ from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.server import errors
-from podium.server.lifecycle import Drain
+from podium.server.lifecycle import Drain, return_memory_when_idle
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
 from podium.server.sse import SSEResponse
@@ -34,6 +34,9 @@ _ERRORS = {status: {"description": text, "content": {"application/json": {"examp
     text, "invalid_request_error")}}} for status, text in [
     (400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model"),
     (413, "Request body too large"), (429, "Too many requests (see Retry-After)")]}
+# generating endpoints answer with JSON, or with server-sent events when streaming
+_STREAMING = {**_ERRORS, 200: {"description": "The answer (JSON), or its events (SSE)",
+                               "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def json_response(obj: Any) -> Response:
@@ -69,9 +72,12 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await responses.startup()
+        trimmer = asyncio.create_task(
+            return_memory_when_idle(lambda: RequestMiddleware.active > 0))
         try:
             yield
         finally:
+            trimmer.cancel()
             await responses.shutdown()
             await engine.aclose()
             await store.aclose()
@@ -108,19 +114,19 @@ def _model_card(engine: Engine) -> dict[str, Any]:
 
 
 def _routes(app: FastAPI) -> None:
-    @app.post("/v1/chat/completions", responses=_ERRORS)
+    @app.post("/v1/chat/completions", responses=_STREAMING)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return respond(await request.app.state.chat.create(body))
 
-    @app.post("/v1/completions", responses=_ERRORS)
+    @app.post("/v1/completions", responses=_STREAMING)
     async def completions(body: CompletionRequest, request: Request):
         return respond(await request.app.state.completions.create(body))
 
-    @app.post("/v1/responses", responses=_ERRORS)
+    @app.post("/v1/responses", responses=_STREAMING)
     async def create_response(body: ResponsesRequest, request: Request):
         return respond(await request.app.state.responses.create(body), responses_api=True)
 
-    @app.get("/v1/responses/{response_id}", responses=_ERRORS)
+    @app.get("/v1/responses/{response_id}", responses=_STREAMING)
     async def get_response(response_id: str, request: Request, stream: bool = False,
                            starting_after: int = Query(-1, ge=-1)):
         service = request.app.state.responses
@@ -169,7 +175,7 @@ def _routes(app: FastAPI) -> None:
             return json_response_status({"status": "not ready", "store": str(exc)}, 503)
         return json_response({"status": "ready", "model": request.app.state.engine.info.served_name})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request):
         body = await asyncio.to_thread(generate_latest, request.app.state.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 import uvicorn
 
@@ -50,3 +51,32 @@ class Server(uvicorn.Server):
         if loop is not None:
             loop.call_soon_threadsafe(self._drain.begin, self._grace)
         super().handle_exit(sig, frame)
+
+
+def _malloc_trim() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):       # not glibc: nothing to hand back this way
+        pass
+
+
+async def return_memory_when_idle(busy: Callable[[], bool], every: float = 5.0) -> None:
+    """After a burst of traffic, give freed memory back to the OS once the server is idle.
+
+    CPython and glibc keep freed memory for reuse; after a thousand streams that can be tens
+    of megabytes. A full collection and ``malloc_trim`` while nothing runs costs a few
+    milliseconds and brings RSS back near its baseline.
+    """
+    import gc
+
+    dirty = False
+    while True:
+        await asyncio.sleep(every)
+        if busy():
+            dirty = True
+        elif dirty:
+            dirty = False
+            gc.collect()
+            await asyncio.to_thread(_malloc_trim)

@@ -1,0 +1,44 @@
+"""Schemathesis against Podium's own OpenAPI document: no 5xx, documented statuses, and every
+error body shaped like OpenAI's. Bounded so it fits CI (examples per operation below)."""
+
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import (content_type_conformance,
+                                               status_code_conformance)
+
+from podium.engine.base import ModelInfo
+from podium.engine.scripted import ScriptedEngine
+from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
+from podium.engine.llamacpp.model_files import default_model_path
+from podium.server.app import create_app
+from podium.settings import Settings
+from tests.conftest import SERVED
+
+
+def _app():
+    model = LlamaModel(default_model_path(), vocab_only=True)
+    info = ModelInfo(SERVED, 4096, model.metadata["tokenizer.chat_template"], 0)
+    engine = ScriptedEngine(LlamaTokenizer(model), info, ["Sure, here you go."])
+    return create_app(Settings(max_body_bytes=1 << 20), engine)
+
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
+
+
+def openai_shaped_errors(ctx, response, case):
+    if response.status_code >= 400 and response.headers.get("content-type", [""])[0].startswith(
+            "application/json"):
+        body = response.json()
+        assert set(body) == {"error"}, body
+        assert {"message", "type", "param", "code"} <= set(body["error"]), body
+
+
+def no_server_errors(ctx, response, case):
+    assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_endpoint_survives_generated_requests(case):
+    case.call_and_validate(checks=[no_server_errors, openai_shaped_errors,
+                                   status_code_conformance, content_type_conformance])
