@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from podium.parsing.events import Event, TextDelta, ToolCallArgsDelta, ToolCallBegin, ToolCallEnd
 from podium.parsing.scan import JsonPrefix, Markers
+from podium.parsing.tools.jsoncall import JsonCall
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,28 @@ class ToolParser:
             call.parts.append(text)
             if not self._dropping:
                 self._out.append(ToolCallArgsDelta(call.index, text))
+
+    def start_call_object(self) -> None:
+        """Expect a ``{"name": ..., "arguments": ...}`` object next (see ``call_object``)."""
+        self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+
+    def call_object(self, buf: str) -> tuple[str, int]:
+        """Feed the expected call object; (outcome, characters used). Outcomes: "more" (all
+        used, not finished), "done" (the call is complete), "no call" (not a call object or
+        an undeclared name: nothing was begun), "broken" (begun, then malformed: closed as
+        valid JSON)."""
+        json_call = self._json
+        end = json_call.feed(buf)
+        if json_call.failed:
+            if json_call.name is None:
+                return "no call", json_call.stopped_at
+            if self._call is not None:
+                self.end_call()
+            return "broken", json_call.stopped_at
+        if end < 0:
+            return "more", len(buf)
+        self.end_call()
+        return "done", end
 
     def emit_whole_call(self, name: str, arguments: Any) -> None:
         """A call known all at once (pythonic lists, buffered XML values)."""

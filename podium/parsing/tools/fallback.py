@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from podium.parsing.events import Event
 from podium.parsing.tools.base import ToolParser, ToolSet
-from podium.parsing.tools.jsoncall import JsonCall
 
 _WS = " \t\r\n"
 
@@ -23,7 +22,6 @@ class FallbackJsonParser(ToolParser):
         self._state = "start"
         self._fenced = False
         self._in_list = False
-        self._json: JsonCall | None = None
         self.raw = ""                 # all text seen, while no call has begun
         self.gave_up = False
 
@@ -61,24 +59,18 @@ class FallbackJsonParser(ToolParser):
             self._in_list = True
             return skipped + 1
         if stripped[0] == "{":
-            self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+            self.start_call_object()
             self._state = "object"
             return skipped
         return self._give_up()
 
     def _s_object(self, buf: str) -> int | None:
-        end = self._json.feed(buf)
-        if self._json.failed:
-            if self._json.name is None:
-                return self._give_up()
-            self.end_call()
-            self._state = "text"
-            return self._json.stopped_at
-        if end < 0:
-            return len(buf)
-        self.end_call()
-        self._state = "next"
-        return end
+        outcome, used = self.call_object(buf)
+        if outcome == "no call":
+            return self._give_up()
+        if outcome != "more":
+            self._state = "next" if outcome == "done" else "text"
+        return used
 
     def _s_next(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)

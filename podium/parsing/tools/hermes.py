@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from podium.parsing.scan import Markers
 from podium.parsing.tools.base import ToolParser, ToolSet
-from podium.parsing.tools.jsoncall import JsonCall
 
 
 class HermesParser(ToolParser):
@@ -25,7 +24,6 @@ class HermesParser(ToolParser):
         self._open = Markers(self.OPEN)
         self._state = "text"
         self._raw = ""            # the call's text so far: content again if it is no call
-        self._json: JsonCall | None = None
 
     def _step(self, buf: str) -> int | None:
         if self._state == "call":
@@ -34,28 +32,20 @@ class HermesParser(ToolParser):
             used, marker = self.scan_text(buf, self._open)
             if marker is not None:
                 self._state, self._raw = "call", marker
-                self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+                self.start_call_object()
             return used
         return self._after_call(buf)
 
     def _in_call(self, buf: str) -> int | None:
-        json_call = self._json
-        end = json_call.feed(buf)
-        if json_call.failed:
-            used = json_call.stopped_at
-            if json_call.name is None:          # never a call: what was held is content
-                self._state = "text"
-                self.text(self._raw + buf[:used])
-                return used
-            self.end_call()                     # a begun call closes as valid JSON
-            self._state = "after"
-            return used
-        if end < 0:
+        outcome, used = self.call_object(buf)
+        if outcome == "more":
             self._raw += buf
-            return len(buf)
-        self.end_call()
-        self._state = "after"
-        return end
+        elif outcome == "no call":              # never a call: what was held is content
+            self._state = "text"
+            self.text(self._raw + buf[:used])
+        else:
+            self._state = "after"
+        return used
 
     def _after_call(self, buf: str) -> int | None:
         """Skip the whitespace and ``</tool_call>`` that close a call; anything else is text."""
@@ -71,7 +61,7 @@ class HermesParser(ToolParser):
         return 0
 
     def _finish(self, rest: str) -> None:
-        if self._state == "call" and self._json is not None and self._json.name is None:
+        if self._state == "call" and self._json.name is None:
             self.text(self._raw + rest)
         elif self._state == "text":
             self.text(rest)

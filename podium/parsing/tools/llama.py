@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 
 from podium.parsing.tools.base import ToolParser, ToolSet
-from podium.parsing.tools.jsoncall import JsonCall
 
 PYTHON_TAG = "<|python_tag|>"
 _WS = " \t\r\n"
@@ -75,25 +74,22 @@ class _StartOfAnswer(ToolParser):
 
 class Llama3JsonParser(_StartOfAnswer):
     def _begin(self, skipped: int) -> int:
-        self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+        self.start_call_object()
         self._state = "object"
         return skipped
 
     def _s_object(self, buf: str) -> int | None:
-        end = self._json.feed(buf)
-        if self._json.failed:
-            if self._json.name is None and not self.calls:
-                return self._content(self._json.stopped_at, buf)
-            if self._call is not None:
-                self.end_call()
-            return self._after_calls(self._json.stopped_at)
-        if end < 0:
+        outcome, used = self.call_object(buf)
+        if outcome == "more":
             if not self.calls:
                 self._raw += buf
-            return len(buf)
-        self.end_call()
-        self._state = "between"
-        return end
+            return used
+        if outcome == "done":
+            self._state = "between"
+            return used
+        if outcome == "no call" and not self.calls:
+            return self._content(used, buf)
+        return self._after_calls(used)
 
     def _after_calls(self, used: int) -> int:
         self._state = "text"

@@ -28,7 +28,6 @@ from typing import Callable
 
 from podium.parsing.scan import JsonValue, Markers
 from podium.parsing.tools.base import ToolParser, ToolSet
-from podium.parsing.tools.jsoncall import JsonCall
 
 _WS = " \t\r\n"
 
@@ -174,26 +173,22 @@ class SectionParser(ToolParser):
         if stripped[0] != "{":
             self._state = "text"
             return skipped
-        self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+        self.start_call_object()
         self._state = "list_item"
         return skipped
 
     def _s_list_item(self, buf: str) -> int | None:
-        end = self._json.feed(buf)
-        if self._json.failed:
-            if self._json.name is None and not self.calls:
-                return self._content(self._json.stopped_at, buf)
-            if self._call is not None:
-                self.end_call()
-            self._state = "text"
-            return self._json.stopped_at
-        if end < 0:
+        outcome, used = self.call_object(buf)
+        if outcome == "more":
             if not self.calls:
                 self._raw += buf
-            return len(buf)
-        self.end_call()
-        self._state = "list"
-        return end
+        elif outcome == "done":
+            self._state = "list"
+        elif outcome == "no call" and not self.calls:
+            return self._content(used, buf)
+        else:
+            self._state = "text"
+        return used
 
     def _finish(self, rest: str) -> None:
         if self._state == "text":
