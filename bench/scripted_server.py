@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = ScriptedEngine.from_gguf(default_model_path(), [reply_of(args.tokens)],
                                       served_name=SERVED, delay=args.delay,
-                                      context_length=1 << 20)
+                                      context_length=1 << 20, keep_requests=0)
     app = create_app(Settings(max_concurrent_requests=0), engine)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 backlog=4096)

@@ -23,7 +23,7 @@ Reply = str | list[int]
 class ScriptedEngine:
     def __init__(self, tokenizer: Tokenizer, info: ModelInfo,
                  replies: Callable[[EngineRequest], Reply] | Iterable[Reply], *,
-                 delay: float = 0.0, tokens_per_step: int = 1):
+                 delay: float = 0.0, tokens_per_step: int = 1, keep_requests: int = 64):
         self.tokenizer = tokenizer
         self.info = info
         if callable(replies):
@@ -35,8 +35,9 @@ class ScriptedEngine:
         self.tokens_per_step = max(1, tokens_per_step)
         self._eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
         self._aborted: set[str] = set()
-        # the most recent requests, for tests (bounded: a benchmark sends thousands)
-        self.requests: deque[EngineRequest] = deque(maxlen=64)
+        # the most recent requests, for tests (a benchmark keeps none: survivors of a load
+        # would pin allocator arenas and distort its memory figures)
+        self.requests: deque[EngineRequest] = deque(maxlen=keep_requests)
         self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0}
 
     @classmethod
