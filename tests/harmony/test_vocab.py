@@ -1,0 +1,34 @@
+"""The o200k vocabulary for openai-harmony, built offline from quicktok-v1 and verified."""
+
+import hashlib
+import struct
+
+import pytest
+
+from podium.errors import ModelFilesError
+from podium.harmony import vocab
+
+
+def test_binary_format_round_trip():
+    binary = struct.pack("<I", 2)
+    for rank, token in ((1, b"b"), (0, b"ab")):
+        binary += struct.pack("<H", len(token)) + token + struct.pack("<I", rank)
+    assert vocab.tiktoken_lines(binary) == b"YWI= 0\nYg== 1\n"
+
+
+def test_builds_the_published_file_and_harmony_loads_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    directory = vocab.ensure_vocabulary(tmp_path)
+    data = (directory / vocab.FILE_NAME).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == vocab.SHA256
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    assert encoding.decode_utf8(encoding.encode("hello world")) == "hello world"
+
+
+def test_missing_package_is_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    monkeypatch.setattr(vocab.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelFilesError, match="pip install 'podium\\[harmony\\]'"):
+        vocab.ensure_vocabulary(tmp_path / "empty")
