@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, AsyncIterator
 
@@ -65,7 +66,9 @@ class ChatService:
         prompt = engine.tokenizer.encode(text, add_special=True)
         budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
                                engine.info.context_length, self._settings.max_tokens_cap)
-        return len(prompt), [self._choice(req, prompt, text, budget, i) for i in range(req.n)]
+        grammar = self._grammar(req)          # built once, shared by the n choices
+        return len(prompt), [self._choice(req, prompt, text, budget, grammar, i)
+                             for i in range(req.n)]
 
     def _render(self, req: ChatCompletionRequest) -> str:
         template = self._template
@@ -85,12 +88,12 @@ class ChatService:
                                **(req.chat_template_kwargs or {}))
 
     def _choice(self, req: ChatCompletionRequest, prompt: list[int], prompt_text: str,
-                budget: int, index: int) -> Choice:
+                budget: int, grammar: str | None, index: int) -> Choice:
         tok = self._engine.tokenizer
         seed = choice_seed(req.seed, self._settings.seed, index)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         sampling = sampling_params(req, budget, tok.vocab_size, seed)
-        sampling.grammar = self._grammar(req)
+        sampling.grammar = grammar
         request = EngineRequest(new_id("req"), prompt, sampling, logprobs)
         return Choice(request, TextPipeline(tok, stop_strings(req.stop), req.logprobs),
                       self._output_parser(req, prompt_text))
@@ -200,8 +203,6 @@ def _template_message(message: Message, index: int) -> dict[str, Any]:
 
 def _arguments(raw: str) -> Any:
     """Templates render arguments with ``tojson``: hand them the object, not its JSON text."""
-    import json
-
     try:
         value = json.loads(raw)
     except ValueError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from podium.parsing.events import Event, Finish, ReasoningDelta, TextDelta
+from podium.parsing.events import Event, Finish, TextDelta
 from podium.parsing.reasoning import ReasoningParser
 
 
@@ -70,7 +70,3 @@ class OutputParser:
                 self._logprobs = []
                 break
         return out
-
-
-def is_reasoning(event: Event) -> bool:
-    return isinstance(event, ReasoningDelta)

@@ -11,6 +11,7 @@ Item lifecycles: every ``output_item.added`` gets its ``output_item.done``, ever
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable
 
@@ -214,8 +215,6 @@ class ResponseBuilder:
 
 
 def _custom_input(arguments: str) -> str:
-    import json
-
     try:
         value = json.loads(arguments)
     except ValueError:
