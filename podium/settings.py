@@ -58,6 +58,12 @@ class Settings:
     reasoning_field: str = _opt(
         "reasoning_content", "Where reasoning goes in chat answers: reasoning_content, "
         "reasoning, or both.")
+    harmony: bool = _opt(
+        False, "Serve the model as a Harmony (gpt-oss) model even if it is not detected as "
+        "one (detection: the gpt-oss architecture or a Harmony chat template).")
+    harmony_vocab_dir: str | None = _opt(
+        None, "Directory holding o200k_base.tiktoken for Harmony models (default: "
+        "$TIKTOKEN_ENCODINGS_BASE, else built from the quicktok-v1 package into the cache).")
     store_url: str | None = _opt(
         None, "Database for stored responses (SQLAlchemy URL; default: SQLite in the data "
         "directory, $PODIUM_DATA_DIR or ~/.local/share/podium).")

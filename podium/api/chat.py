@@ -10,6 +10,8 @@ from podium.api.generation import (Choice, check_model, choice_seed, new_id, out
                                    run_choices, sampling_params, stop_strings)
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
+from podium.harmony.format import Harmony, is_harmony
+from podium.harmony.pipeline import HarmonyPipeline
 from podium.parsing.events import Finish
 from podium.parsing.constraints import json_object_grammar, schema_grammar, tool_call_grammar
 from podium.parsing.pipeline import OutputParser
@@ -41,6 +43,8 @@ class ChatService:
         self.reasoning_family = (detect_reasoning_parser(template)
                                  if settings.reasoning_parser == "auto"
                                  else settings.reasoning_parser)
+        self.harmony = (Harmony(settings.harmony_vocab_dir)
+                        if settings.harmony or is_harmony(engine.info) else None)
 
     async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
         """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
@@ -62,13 +66,36 @@ class ChatService:
         engine = self._engine
         check_model(req.model, engine)
         _refuse_unsupported(req)
-        text = self._render(req)
-        prompt = engine.tokenizer.encode(text, add_special=True)
+        if self.harmony is not None:
+            text, prompt, grammar = "", self._harmony_prompt(req), None
+        else:
+            text = self._render(req)
+            prompt = engine.tokenizer.encode(text, add_special=True)
+            grammar = self._grammar(req)      # built once, shared by the n choices
         budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
                                engine.info.context_length, self._settings.max_tokens_cap)
-        grammar = self._grammar(req)          # built once, shared by the n choices
         return len(prompt), [self._choice(req, prompt, text, budget, grammar, i)
                              for i in range(req.n)]
+
+    def _harmony_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        if req.chat_template is not None:
+            raise InvalidRequestError("This model speaks Harmony; its prompts are rendered by "
+                                      "openai-harmony, not a chat template",
+                                      param="chat_template")
+        if req.tools and (req.tool_choice == "required"
+                          or isinstance(req.tool_choice, NamedToolChoice)):
+            raise InvalidRequestError(
+                "tool_choice 'required' or a named function is not supported for Harmony "
+                "(gpt-oss) models: Podium cannot constrain their output; use 'auto'",
+                param="tool_choice")
+        tools = None
+        if req.tools and req.tool_choice != "none":
+            tools = [t.function.model_dump(exclude_none=True) for t in req.tools]
+        fmt = req.response_format
+        return self.harmony.render(
+            [_template_message(m, i, raw_arguments=True) for i, m in enumerate(req.messages)],
+            tools, req.reasoning_effort,
+            fmt.model_dump(exclude_none=True) if fmt is not None and fmt.type != "text" else None)
 
     def _render(self, req: ChatCompletionRequest) -> str:
         template = self._template
@@ -95,6 +122,12 @@ class ChatService:
         sampling = sampling_params(req, budget, tok.vocab_size, seed)
         sampling.grammar = grammar
         request = EngineRequest(new_id("req"), prompt, sampling, logprobs)
+        if self.harmony is not None:
+            sampling.stop_token_ids = self.harmony.stop_token_ids
+            sampling.ignore_eos = True      # <|end|> ends a message, not the turn
+            tools = tool_set(req) if req.tools and req.tool_choice != "none" else None
+            return Choice(request, HarmonyPipeline(self.harmony, tools, stop_strings(req.stop),
+                                                   req.logprobs))
         return Choice(request, TextPipeline(tok, stop_strings(req.stop), req.logprobs),
                       self._output_parser(req, prompt_text))
 
@@ -181,8 +214,10 @@ def _text(content: Any, where: str) -> str | None:
     return "\n".join(texts)
 
 
-def _template_message(message: Message, index: int) -> dict[str, Any]:
-    """A message in the shape Hugging Face chat templates expect."""
+def _template_message(message: Message, index: int, raw_arguments: bool = False
+                      ) -> dict[str, Any]:
+    """A message in the shape Hugging Face chat templates expect (tool call arguments as
+    objects, unless ``raw_arguments``: then as the JSON text the client sent)."""
     where = f"messages[{index}]"
     role = "system" if message.role == "developer" else message.role
     out: dict[str, Any] = {"role": role, "content": _text(message.content, where)}
@@ -196,7 +231,9 @@ def _template_message(message: Message, index: int) -> dict[str, Any]:
             out["reasoning_content"] = reasoning
         if message.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                "name": c.function.name,
+                "arguments": c.function.arguments if raw_arguments
+                else _arguments(c.function.arguments)}}
                 for c in message.tool_calls]
     return out
 

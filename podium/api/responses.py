@@ -143,6 +143,7 @@ class ResponsesService:
             "tool_choice": tools.chat_tool_choice(req.tool_choice) if tools.chat_tools
             else None,
             "parallel_tool_calls": req.parallel_tool_calls,
+            "reasoning_effort": (req.reasoning or {}).get("effort"),
             "response_format": _response_format((req.text or {}).get("format")),
         }
         if "message.output_text.logprobs" in include:
@@ -201,9 +202,11 @@ class ResponsesService:
             yield out
 
     def _usage(self, plan: _Plan, builder: ResponseBuilder) -> dict[str, Any]:
-        reasoning = "".join(builder.reasoning_text)
-        reasoning_tokens = (len(self._engine.tokenizer.encode(reasoning, add_special=False))
-                            if reasoning else 0)
+        reasoning_tokens = getattr(plan.choice.pipeline, "reasoning_tokens", None)
+        if reasoning_tokens is None:      # text families: count what the parser split off
+            reasoning = "".join(builder.reasoning_text)
+            reasoning_tokens = (len(self._engine.tokenizer.encode(reasoning, add_special=False))
+                                if reasoning else 0)
         return usage(plan.prompt_tokens, plan.choice.pipeline.completion_tokens,
                      reasoning_tokens)
 

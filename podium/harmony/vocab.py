@@ -41,11 +41,14 @@ def tiktoken_lines(binary: bytes) -> bytes:
 
 
 def ensure_vocabulary(directory: Path | None = None) -> Path:
-    """A directory holding a verified ``o200k_base.tiktoken``; also exported to openai-harmony
-    through ``TIKTOKEN_ENCODINGS_BASE``."""
-    configured = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
-    if configured and (Path(configured) / FILE_NAME).is_file():
-        return Path(configured)
+    """A directory holding ``o200k_base.tiktoken`` (``directory`` if it has one, else
+    ``$TIKTOKEN_ENCODINGS_BASE`` if that has one, else one built and verified from quicktok-v1
+    into ``directory`` or the cache); exported to openai-harmony as
+    ``TIKTOKEN_ENCODINGS_BASE``."""
+    for candidate in (directory, os.environ.get("TIKTOKEN_ENCODINGS_BASE")):
+        if candidate and (Path(candidate) / FILE_NAME).is_file():
+            os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(candidate)
+            return Path(candidate)
     from podium.engine.llamacpp.model_files import cache_dir
 
     directory = directory or cache_dir() / "tiktoken"

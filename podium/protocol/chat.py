@@ -144,3 +144,4 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None

@@ -32,3 +32,22 @@ def test_missing_package_is_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setattr(vocab.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelFilesError, match="pip install 'podium\\[harmony\\]'"):
         vocab.ensure_vocabulary(tmp_path / "empty")
+
+
+def test_a_configured_directory_is_used_as_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path / "elsewhere"))
+    (tmp_path / vocab.FILE_NAME).write_bytes(b"YWI= 0\n")
+    assert vocab.ensure_vocabulary(tmp_path) == tmp_path
+    import os
+    assert os.environ["TIKTOKEN_ENCODINGS_BASE"] == str(tmp_path)
+
+
+def test_serving_harmony_without_a_vocabulary_is_a_clear_error(tmp_path, monkeypatch, scripted):
+    from podium.server.app import create_app
+    from podium.settings import Settings
+
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    monkeypatch.setattr(vocab.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelFilesError, match="TIKTOKEN_ENCODINGS_BASE"):
+        create_app(Settings(harmony=True, harmony_vocab_dir=str(tmp_path / "none")),
+                   scripted(["x"]))

@@ -1,0 +1,173 @@
+"""A Harmony model's tokens to Podium's events, parsed token by token by openai-harmony.
+
+It takes the place of the text pipeline and output parser of other families (the engine
+outputs of one choice in, semantic events out), because Harmony's structure lives in special
+tokens, not in text:
+
+- ``analysis`` messages are reasoning;
+- ``final`` messages, and ``commentary`` messages without a recipient (preambles), are text;
+- ``commentary`` messages to ``functions.NAME`` are tool calls, their arguments streamed.
+
+The choice ends at ``<|return|>`` (stop), ``<|call|>`` (tool_calls), a stop string in the
+text, or the token limit (length; an open call is closed as valid JSON).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from podium.engine.base import EngineOutput, TokenLogprob
+from podium.harmony.format import Harmony
+from podium.parsing.events import Event, Finish, ReasoningDelta, TextDelta
+from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.text.stop import StopMatcher
+
+log = logging.getLogger(__name__)
+
+_REASONING, _TEXT, _CALL, _DROP = range(4)
+
+
+class _Calls(ToolParser):
+    """The call bookkeeping every tool parser shares, driven by Harmony's structure."""
+
+    def take(self) -> list[Event]:
+        out, self._out = self._out, []
+        return out
+
+
+class HarmonyPipeline:
+    def __init__(self, harmony: Harmony, tools: ToolSet | None = None,
+                 stop: list[str] | None = None, want_logprobs: bool = False,
+                 calls_finish: str = "tool_calls"):
+        self._harmony = harmony
+        self._parser = self._new_parser()
+        self._content_state = harmony._oh.StreamState.CONTENT
+        self._calls = _Calls(tools or ToolSet())
+        self._may_call = tools is not None
+        self._stops = StopMatcher(stop) if stop else None
+        self._want_logprobs = want_logprobs
+        self._calls_finish = calls_finish
+        self._logprobs: list[TokenLogprob] = []     # waiting for visible text
+        self._kind: int | None = None               # what the open message is
+        self._streamed = False                       # the open message showed content
+        self._messages = 0
+        self._resync = False                         # skipping malformed tokens
+        self.completion_tokens = 0
+        self.reasoning_tokens = 0
+        self.finished = False
+        self.prompt_logprobs = None
+
+    def _new_parser(self, resume: bool = False):
+        """A parser for the turn (the prompt ended in ``<|start|>assistant``), or, resuming
+        after malformed output, for messages that begin with ``<|start|>``."""
+        oh = self._harmony._oh
+        return oh.StreamableParser(self._harmony.encoding,
+                                   role=None if resume else oh.Role.ASSISTANT, strict=False)
+
+    def feed(self, out: EngineOutput) -> list[Event]:
+        self.completion_tokens += len(out.token_ids)
+        events: list[Event] = []
+        for i, token in enumerate(out.token_ids):
+            logprob = out.logprobs[i] if self._want_logprobs and out.logprobs else None
+            self._token(token, logprob, events)
+            if self.finished:
+                return events
+        if out.finish_reason is not None:
+            self._end(events, out.finish_reason)
+        return events
+
+    # -- one token ------------------------------------------------------------------------
+
+    def _token(self, token: int, logprob: TokenLogprob | None, events: list[Event]) -> None:
+        parser = self._parser
+        if self._resync:
+            if token != self._harmony.start_token:
+                return
+            self._parser = parser = self._new_parser(resume=True)
+            self._messages = 0
+            self._resync = False
+        try:
+            parser.process(token)
+        except self._harmony._oh.HarmonyError as exc:
+            log.warning("malformed Harmony output (%s); skipping to the next message", exc)
+            self._close(events)
+            self._resync = True
+            return
+        if self._kind is None and parser.state == self._content_state:
+            self._open(parser.current_channel, parser.current_recipient, events)
+        delta = parser.last_content_delta
+        if self._kind == _REASONING:
+            self.reasoning_tokens += 1
+        if delta:
+            self._content(delta, logprob, events)
+        elif logprob is not None and self._kind == _TEXT:
+            self._logprobs.append(logprob)
+        if len(parser.messages) > self._messages:
+            self._messages = len(parser.messages)
+            self._close(events, parser.messages[-1])
+
+    def _open(self, channel: str | None, recipient: str | None, events: list[Event]) -> None:
+        self._streamed = False
+        if recipient and recipient != "assistant":
+            name = recipient.removeprefix("functions.")
+            if self._may_call and recipient.startswith("functions.") and \
+                    self._calls.tools.allows(name):
+                self._kind = _CALL
+                self._calls.begin_call(name)
+                events += self._calls.take()
+            else:
+                log.warning("dropping a call to %r: not a declared function", recipient)
+                self._kind = _DROP
+        elif channel == "analysis":
+            self._kind = _REASONING
+        else:
+            self._kind = _TEXT
+
+    def _content(self, delta: str, logprob: TokenLogprob | None, events: list[Event]) -> None:
+        self._streamed = True
+        kind = self._kind
+        if kind == _REASONING:
+            events.append(ReasoningDelta(delta))
+        elif kind == _TEXT:
+            if logprob is not None:
+                self._logprobs.append(logprob)
+            self._text(self._stops.feed(delta) if self._stops else delta, events)
+            if self._stops is not None and self._stops.stopped:
+                self._end(events, "stop")
+        elif kind == _CALL:
+            self._calls.call_args(delta)
+            events += self._calls.take()
+
+    def _text(self, text: str, events: list[Event]) -> None:
+        if text:
+            events.append(TextDelta(text, self._logprobs or None))
+            self._logprobs = []
+
+    def _close(self, events: list[Event], message=None) -> None:
+        """The open message ended (or was cut off)."""
+        kind, self._kind = self._kind, None
+        if kind is None and message is not None:
+            # A message whose header never closed (non-strict parsing): its text is content.
+            kind = _TEXT
+        if not self._streamed and message is not None and kind in (_TEXT, _REASONING):
+            whole = "".join(getattr(part, "text", "") for part in message.content)
+            if whole:
+                self._kind = kind
+                self._content(whole, None, events)
+                self._kind = None
+        if kind == _TEXT and self._stops is not None and not self._stops.stopped:
+            self._text(self._stops.flush(), events)
+        elif kind == _CALL:
+            self._calls.end_call()
+            events += self._calls.take()
+        self._streamed = False
+
+    def _end(self, events: list[Event], reason: str) -> None:
+        if self.finished:
+            return
+        if self._kind is not None:
+            self._close(events)
+        if reason == "stop" and self._calls.calls:
+            reason = self._calls_finish
+        self.finished = True
+        events.append(Finish(reason, self.completion_tokens))
