@@ -44,7 +44,9 @@ def serve(settings: Settings) -> None:
     path = resolve_model(settings.model, settings.model_file)
     engine = LlamaCppEngine(path, served_name=served_name(settings, path),
                             n_ctx=settings.ctx_size, n_batch=settings.batch_size,
-                            n_threads=settings.threads)
+                            n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
+                            max_queued=settings.max_queued_requests,
+                            deterministic=settings.deterministic)
     log = logging.getLogger("podium")
     log.info("serving %s as %r (context %d tokens)", path, engine.info.served_name,
              engine.info.context_length)

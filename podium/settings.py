@@ -76,7 +76,16 @@ class Settings:
         None, "Key that signs reasoning handed to clients (encrypted_content); default: one "
         "made once in the data directory. Replicas must share it.")
     # engine
-    ctx_size: int = _opt(8192, "Context window in tokens (0: the model's trained length).")
+    ctx_size: int = _opt(8192, "Context window of each sequence in tokens (0: the model's "
+                         "trained length).")
+    max_num_seqs: int = _opt(4, "Sequences decoded together in one batch (each with its own "
+                             "--ctx-size of KV cache).")
+    max_queued_requests: int = _opt(
+        256, "Requests waiting for a free sequence; past it 429 with Retry-After.")
+    deterministic: bool = _opt(
+        True, "Same request and seed, same tokens, however many others share the batch "
+        "(--no-deterministic: faster batches with repacked weights, but a request crowded by "
+        "3 or more others may differ from its lone answer).")
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")
     batch_size: int = _opt(512, "Tokens per prompt-processing batch.")
     seed: int = _opt(-1, "Default sampling seed for requests without one (-1: random).")

@@ -6,8 +6,9 @@ import json
 import time
 from typing import Any, AsyncIterator
 
-from podium.api.generation import (Choice, check_model, choice_seed, new_id, output_budget,
-                                   run_choices, sampling_params, stop_strings)
+from podium.api.generation import (Choice, cached_tokens, check_model, check_room, choice_seed,
+                                   new_id, output_budget, run_choices, sampling_params,
+                                   stop_strings)
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
 from podium.harmony.format import Harmony, is_harmony
@@ -56,7 +57,7 @@ class ChatService:
                         self._settings.reasoning_field)
         async for index, event in run_choices(self._engine, choices):
             fold.add(index, event)
-        return fold.result(cid, created, req.model, prompt_tokens)
+        return fold.result(cid, created, req.model, prompt_tokens, cached_tokens(choices, req.n))
 
     def prepare(self, req: ChatCompletionRequest) -> tuple[int, list[Choice]]:
         """Check, render and tokenize: the prompt's length and one ready ``Choice`` per n.
@@ -74,6 +75,7 @@ class ChatService:
             grammar = self._grammar(req)      # built once, shared by the n choices
         budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
                                engine.info.context_length, self._settings.max_tokens_cap)
+        check_room(engine, req.n)
         return len(prompt), [self._choice(req, prompt, text, budget, grammar, i)
                              for i in range(req.n)]
 
@@ -170,7 +172,8 @@ class ChatService:
             if chunk is not None:
                 yield chunk
         if req.stream_options is not None and req.stream_options.include_usage:
-            yield chunks.usage(prompt_tokens, completion_tokens)
+            yield chunks.usage(prompt_tokens, completion_tokens,
+                               cached_tokens(choices, len(choices)))
 
 
 def _refuse_unsupported(req: ChatCompletionRequest) -> None:

@@ -6,8 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from podium.api.generation import (Choice, check_model, choice_seed, new_id, output_budget,
-                                   run_choices, sampling_params, stop_strings)
+from podium.api.generation import (Choice, cached_tokens, check_model, check_room, choice_seed,
+                                   new_id, output_budget, run_choices, sampling_params,
+                                   stop_strings)
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
 from podium.parsing.events import Finish
@@ -41,6 +42,7 @@ class CompletionService:
                 choices.append(self._choice(req, p, budget, i))
                 echoes.append(p if req.echo else None)
         prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        check_room(engine, len(choices))
         render_args = (new_id("cmpl"), int(time.time()), req.model)
         if req.stream:
             chunks = CompletionChunks(*render_args, engine.tokenizer, req.logprobs, echoes)
@@ -48,7 +50,7 @@ class CompletionService:
         fold = CompletionFold(engine.tokenizer, req.logprobs, echoes)
         async for index, event in run_choices(engine, choices):
             fold.add(index, event, choices[index].pipeline)
-        return fold.result(*render_args, prompt_tokens)
+        return fold.result(*render_args, prompt_tokens, cached_tokens(choices, req.n))
 
     def _prompts(self, raw: Any) -> list[Prompt]:
         tok = self._engine.tokenizer
@@ -91,7 +93,7 @@ class CompletionService:
             for chunk in chunks.event(index, event, choices[index].pipeline):
                 yield chunk
         if req.stream_options is not None and req.stream_options.include_usage:
-            yield chunks.usage(prompt_tokens, completion_tokens)
+            yield chunks.usage(prompt_tokens, completion_tokens, cached_tokens(choices, req.n))
 
 
 def _refuse_unsupported(req: CompletionRequest) -> None:

@@ -141,6 +141,20 @@ async def run_choice(engine: Engine, index: int, choice: Choice
             await engine.abort(choice.request.request_id)
 
 
+def cached_tokens(choices: list[Choice], n: int = 1) -> int:
+    """Prompt tokens the engine reused: per prompt (``n`` choices each), the most any of its
+    choices reused."""
+    return sum(max(c.pipeline.cached_tokens for c in choices[i:i + n])
+               for i in range(0, len(choices), n))
+
+
+def check_room(engine: Engine, n: int) -> None:
+    """429 before anything streams when the engine's queue cannot take ``n`` more."""
+    check = getattr(engine, "check_room", None)
+    if check is not None:
+        check(n)
+
+
 def run_choices(engine: Engine, choices: list[Choice]) -> AsyncIterator[tuple[int, Event]]:
     """Every choice's events; a single choice is not wrapped (one less hop per token)."""
     if len(choices) == 1:

@@ -208,7 +208,7 @@ class ResponsesService:
             reasoning_tokens = (len(self._engine.tokenizer.encode(reasoning, add_special=False))
                                 if reasoning else 0)
         return usage(plan.prompt_tokens, plan.choice.pipeline.completion_tokens,
-                     reasoning_tokens)
+                     reasoning_tokens, plan.choice.pipeline.cached_tokens)
 
     async def _stream(self, plan: _Plan, store: bool) -> AsyncIterator[dict[str, Any]]:
         rid = plan.response["id"]

@@ -56,6 +56,7 @@ class EngineOutput:
     finish_reason: FinishReason | None = None     # set on the request's last output
     prompt_logprobs: list[TokenLogprob | None] | None = None  # first output only, when asked
     stopped_by_token: bool = False      # the last token is EOS / a stop token: count it, no text
+    cached_tokens: int = 0              # first output: prompt tokens reused from the KV cache
 
 
 class Tokenizer(Protocol):

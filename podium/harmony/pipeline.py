@@ -56,6 +56,7 @@ class HarmonyPipeline:
         self.reasoning_tokens = 0
         self.finished = False
         self.prompt_logprobs = None
+        self.cached_tokens = 0
 
     def _new_parser(self, resume: bool = False):
         """A parser for the turn (the prompt ended in ``<|start|>assistant``), or, resuming
@@ -66,6 +67,8 @@ class HarmonyPipeline:
 
     def feed(self, out: EngineOutput) -> list[Event]:
         self.completion_tokens += len(out.token_ids)
+        if out.cached_tokens:
+            self.cached_tokens = out.cached_tokens
         events: list[Event] = []
         for i, token in enumerate(out.token_ids):
             logprob = out.logprobs[i] if self._want_logprobs and out.logprobs else None

@@ -16,9 +16,11 @@ from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, Too
 from podium.render.logprobs import chat_entry
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+          ) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def reasoning_fields(field: str) -> tuple[str, ...]:
@@ -64,8 +66,10 @@ class ChatChunks:
             return self._chunk(index, {}, event.reason)
         return None
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return {**self._head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+              ) -> dict[str, Any]:
+        return {**self._head, "choices": [],
+                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 class _ChoiceFold:
@@ -120,7 +124,7 @@ class ChatFold:
         return message
 
     def result(self, completion_id: str, created: int, model: str,
-               prompt_tokens: int) -> dict[str, Any]:
+               prompt_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
         choices = [{"index": i, "message": self._message(c),
                     "logprobs": ({"content": c.logprobs, "refusal": None}
                                  if c.logprobs is not None else None),
@@ -128,4 +132,4 @@ class ChatFold:
                    for i, c in enumerate(self._choices)]
         return {"id": completion_id, "object": "chat.completion", "created": created,
                 "model": model, "choices": choices,
-                "usage": usage(prompt_tokens, self.completion_tokens)}
+                "usage": usage(prompt_tokens, self.completion_tokens, cached_tokens)}

@@ -75,8 +75,10 @@ class CompletionChunks(_Choices):
             out.append(self._chunk(index, "", event.reason))
         return out
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return {**self._head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+              ) -> dict[str, Any]:
+        return {**self._head, "choices": [],
+                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 class CompletionFold(_Choices):
@@ -98,11 +100,11 @@ class CompletionFold(_Choices):
             self.completion_tokens += event.completion_tokens
 
     def result(self, completion_id: str, created: int, model: str,
-               prompt_tokens: int) -> dict[str, Any]:
+               prompt_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
         choices = [{"index": i, "text": "".join(self._text[i]),
                     "logprobs": self.take_logprobs(i),
                     "finish_reason": self._finish[i] or "stop"}
                    for i in range(len(self._text))]
         return {"id": completion_id, "object": "text_completion", "created": created,
                 "model": model, "choices": choices,
-                "usage": usage(prompt_tokens, self.completion_tokens)}
+                "usage": usage(prompt_tokens, self.completion_tokens, cached_tokens)}

@@ -224,9 +224,10 @@ def _custom_input(arguments: str) -> str:
     return arguments
 
 
-def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int) -> Obj:
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int,
+          cached_tokens: int = 0) -> Obj:
     return {"input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": completion_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + completion_tokens}

@@ -17,7 +17,8 @@ from podium.text.stop import StopMatcher
 
 class TextPipeline:
     __slots__ = ("_detok", "_stops", "_want_logprobs", "_pending", "_produced", "_released",
-                 "completion_tokens", "finished", "prompt_logprobs")
+                 "completion_tokens", "finished", "prompt_logprobs",
+                 "cached_tokens")
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
                  want_logprobs: bool = False):
@@ -30,10 +31,13 @@ class TextPipeline:
         self.completion_tokens = 0
         self.finished = False
         self.prompt_logprobs: list[TokenLogprob | None] | None = None   # for echo
+        self.cached_tokens = 0   # prompt tokens the engine reused from its cache
 
     def feed(self, out: EngineOutput) -> list[Event]:
         """Events for one engine output; the last output also yields ``Finish``."""
         self.completion_tokens += len(out.token_ids)
+        if out.cached_tokens:
+            self.cached_tokens = out.cached_tokens
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
         ids = out.token_ids[:-1] if out.stopped_by_token else out.token_ids

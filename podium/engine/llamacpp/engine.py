@@ -1,11 +1,30 @@
-"""The embedded engine: llama.cpp in this process, decoding on a worker thread.
+"""The embedded engine: llama.cpp in this process, batching every running request.
 
-Requests are served one at a time, in arrival order, through a single sequence of the
-context (continuous batching is a later step). A request never interrupts another: new ones
-wait their turn. The decode loop runs on its own thread (ctypes releases the GIL during
-llama.cpp calls); each step hands its output to the request's asyncio queue on the event loop.
-The KV cache keeps the previous request's tokens, so a prompt extending it (the next turn of a
-conversation) only decodes its new suffix.
+One worker thread owns the llama.cpp context (ctypes releases the GIL inside llama.cpp).
+Its loop, once per step:
+
+1. admits queued requests into free sequence slots (each slot is a llama.cpp sequence with
+   its own region of the KV cache, ``--ctx-size`` tokens long), choosing the slot whose
+   cached tokens share the longest prefix with the prompt, so the next turn of a
+   conversation or a shared system prompt is not computed again;
+2. drops aborted requests at once;
+3. prefills one chunk of one waiting prompt (chunks of ``--batch-size`` tokens at absolute
+   positions, so a long prompt never holds running streams for more than one chunk);
+4. decodes one token for every running sequence in a single ``llama_decode``, then samples
+   each with its own sampler chain (seed, penalties, logit bias, grammar).
+
+New requests join between steps; finished ones leave at once. Requests beyond the slots wait
+in a bounded queue; past it, 429.
+
+Numbers and batching: llama.cpp's CPU kernels give slightly different logits for a row
+depending on how many rows share its matrix product (repacked weights switch from a
+one-row to a four-row kernel at 4 rows, another kernel takes over at 8). So that an answer
+depends on the request alone, prompt chunks sit at fixed absolute positions, the last prompt
+token is decoded with the generated ones, and with ``--deterministic`` the repacked weights
+are off and decode steps are cut into groups of at most 7 rows: then a request gives the same
+tokens alone or in any crowd. ``--no-deterministic`` keeps repacked weights and whole batches:
+faster at 8 streams, but a request crowded by 3 or more others may then differ from its lone
+answer in a late token (3 of 6 requests did in tests/engine/test_batching.py's mix).
 """
 
 from __future__ import annotations
@@ -24,10 +43,11 @@ import llama_cpp
 from podium.engine.base import EngineOutput, EngineRequest, ModelInfo, TokenLogprob
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
-from podium.errors import EngineError
+from podium.errors import EngineError, RateLimited
 
 log = logging.getLogger(__name__)
-_SEQ = 0
+
+INVARIANT_ROWS = 7      # rows per decode that keep every row's numbers as if alone
 
 
 @dataclass(eq=False)
@@ -36,33 +56,66 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     aborted: bool = False
-    generated: int = field(default=0)
 
     def emit(self, item: EngineOutput | BaseException) -> None:
         self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
 
 
+@dataclass(eq=False)
+class _Slot:
+    """One llama.cpp sequence: the tokens its KV region holds, and the job it serves."""
+
+    seq: int
+    cached: list[int] = field(default_factory=list)
+    job: _Job | None = None
+    sampler: Sampler | None = None
+    pending: list[int] = field(default_factory=list)    # prompt tokens still to prefill
+    next_token: int = -1                                # the token the next step decodes
+    generated: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    cached_tokens: int = 0
+    last_used: int = 0
+
+
 class LlamaCppEngine:
     def __init__(self, path: Path, *, served_name: str, n_ctx: int = 8192, n_batch: int = 512,
-                 n_threads: int = 0):
+                 n_threads: int = 0, max_num_seqs: int = 4, max_queued: int = 256,
+                 deterministic: bool = True):
+        self._slots = [_Slot(i) for i in range(max(1, max_num_seqs))]
         self._model = LlamaModel(path, n_ctx=n_ctx, n_batch=n_batch,
-                                 n_threads=n_threads or os.cpu_count() or 1)
+                                 n_threads=n_threads or os.cpu_count() or 1,
+                                 n_seq_max=len(self._slots), extra_buffers=not deterministic)
         self.tokenizer = LlamaTokenizer(self._model)
-        self.info = ModelInfo(served_name=served_name, context_length=self._model.n_ctx,
+        self._n_ctx = llama_cpp.llama_n_ctx_seq(self._model.ctx)
+        self.info = ModelInfo(served_name=served_name, context_length=self._n_ctx,
                               chat_template=self._model.metadata.get("tokenizer.chat_template"),
                               created=int(path.stat().st_mtime), metadata=self._model.metadata)
         self._n_batch = n_batch
         self._n_vocab = self.tokenizer.vocab_size
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._cached: list[int] = []          # the tokens whose KV entries sit in the cache
+        self._rows = INVARIANT_ROWS if deterministic else n_batch
+        self._max_queued = max_queued
+        self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
+        self._mem = llama_cpp.llama_get_memory(self._model.ctx)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._waiting: list[_Job] = []      # taken from the queue, no slot free yet
         self._active: dict[str, _Job] = {}
+        self._clock = 0
+        self._closing = False
         self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0,
                       "kv_tokens": 0}
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
         self._worker.start()
 
     # -- the boundary -------------------------------------------------------------------
+
+    def check_room(self, n: int = 1) -> None:
+        """429 when ``n`` more requests would overflow the queue (called before streaming)."""
+        if self.stats["waiting"] + n > self._max_queued + self._free_slots():
+            raise RateLimited(f"The server is busy ({self.stats['running']} sequences running, "
+                              f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
+
+    def _free_slots(self) -> int:
+        return max(0, len(self._slots) - self.stats["running"])
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
@@ -89,6 +142,7 @@ class LlamaCppEngine:
     async def aclose(self) -> None:
         for job in list(self._active.values()):
             job.aborted = True
+        self._closing = True
         self._jobs.put(None)
         await asyncio.to_thread(self._worker.join)
         llama_cpp.llama_batch_free(self._batch)
@@ -97,117 +151,180 @@ class LlamaCppEngine:
     # -- the worker thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            self.stats["waiting"] -= 1
-            if job.aborted:
-                continue
-            self.stats["running"] += 1
-            self.stats["requests"] += 1
+        while not self._closing:
+            busy = any(s.job is not None for s in self._slots)
+            if not self._take_jobs(block=not busy and not self._waiting):
+                break
+            self._admit()
             try:
-                self._serve(job)
-            except Exception as exc:  # noqa: BLE001 - reported to the request, not raised here
-                log.exception("decode failed for %s", job.request.request_id)
-                self._cached = []
-                llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._model.ctx), True)
-                job.emit(exc)
-            finally:
-                self.stats["running"] -= 1
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - reported to the requests, not raised
+                log.exception("decode step failed")
+                for slot in self._slots:
+                    if slot.job is not None:
+                        slot.job.emit(exc)
+                        self._release(slot, keep=False)
+        for slot in self._slots:
+            if slot.job is not None:
+                slot.job.emit(EngineOutput([], finish_reason="abort"))
+                self._release(slot, keep=False)
+        for job in self._waiting:
+            job.emit(EngineOutput([], finish_reason="abort"))
 
-    def _serve(self, job: _Job) -> None:
-        req = job.request
-        sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab)
+    def _take_jobs(self, block: bool) -> bool:
+        """Move queued jobs to the waiting list; False when the engine is closing."""
         try:
-            prompt_logprobs = self._prefill(req.prompt_token_ids, req.prompt_logprobs)
-            self._decode_loop(job, sampler, prompt_logprobs)
-        finally:
-            sampler.close()
+            item = self._jobs.get() if block else self._jobs.get_nowait()
+            while True:
+                if item is None:
+                    return False
+                self._waiting.append(item)
+                item = self._jobs.get_nowait()
+        except queue.Empty:
+            return True
 
-    def _decode_loop(self, job: _Job, sampler: Sampler,
-                     prompt_logprobs: list[TokenLogprob | None] | None) -> None:
-        req, params = job.request, job.request.sampling
-        ctx, eog = self._model.ctx, self.tokenizer.eos_token_ids
-        if params.max_tokens <= 0:     # scoring only (completions with echo)
-            job.emit(EngineOutput([], None, "length", prompt_logprobs))
-            return
-        while True:
+    def _admit(self) -> None:
+        """Give free slots to waiting jobs (arrival order), reusing cached prefixes."""
+        still = []
+        for job in self._waiting:
             if job.aborted:
+                self.stats["waiting"] -= 1
+                continue
+            free = [s for s in self._slots if s.job is None]
+            if not free:
+                still.append(job)
+                continue
+            self.stats["waiting"] -= 1
+            try:
+                self._start(job, free)
+            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                job.emit(exc)
+        self._waiting = still
+
+    def _start(self, job: _Job, free: list[_Slot]) -> None:
+        req = job.request
+        prompt = req.prompt_token_ids
+        scoring = req.prompt_logprobs is not None
+        step = self._n_batch if not scoring else min(self._n_batch, 64)
+        slot = max(free, key=lambda s: (0 if scoring else _aligned_prefix(s.cached, prompt, step),
+                                        -s.last_used))
+        keep = 0 if scoring else _aligned_prefix(slot.cached, prompt, step)
+        if not llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, keep, -1):
+            llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
+            keep = 0
+        slot.cached = slot.cached[:keep]
+        slot.cached_tokens = keep
+        slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab)
+        slot.job, slot.generated = job, 0
+        slot.pending = list(prompt[keep:-1])
+        slot.next_token = prompt[-1]
+        slot.prompt_logprobs = [None] if scoring else None
+        self._clock += 1
+        slot.last_used = self._clock
+        self.stats["running"] += 1
+        self.stats["requests"] += 1
+        if req.sampling.max_tokens <= 0 and not scoring:
+            self._release(slot)
+            job.emit(EngineOutput([], None, "length", cached_tokens=keep))
+
+    def _step(self) -> None:
+        for slot in self._slots:
+            if slot.job is not None and slot.job.aborted:
+                job = slot.job
+                self._release(slot)
                 job.emit(EngineOutput([], finish_reason="abort"))
-                return
-            token = sampler.sample(ctx, -1)
+        prefilling = [s for s in self._slots if s.job is not None and s.pending]
+        if prefilling:
+            self._prefill_chunk(min(prefilling, key=lambda s: s.last_used))
+        ready = [s for s in self._slots if s.job is not None and not s.pending]
+        for start in range(0, len(ready), self._rows):
+            self._decode_step(ready[start:start + self._rows])
+        self.stats["kv_tokens"] = sum(len(s.cached) for s in self._slots)
+
+    def _prefill_chunk(self, slot: _Slot) -> None:
+        """One chunk of ``slot``'s prompt, ending at the next multiple of the chunk size."""
+        scoring = slot.prompt_logprobs is not None
+        step = self._n_batch if not scoring else min(self._n_batch, 64)
+        start = len(slot.cached)
+        n = min(len(slot.pending), step - start % step)
+        chunk = slot.pending[:n]
+        self._decode([(slot, tok, scoring) for tok in chunk])
+        if scoring:
+            prompt, top = slot.job.request.prompt_token_ids, slot.job.request.prompt_logprobs
+            slot.prompt_logprobs += [
+                token_logprob(logits_row(self._model.ctx, i, self._n_vocab),
+                              prompt[start + i + 1], top) for i in range(n)]
+        del slot.pending[:n]
+
+    def _decode_step(self, slots: list[_Slot]) -> None:
+        """One new token for each of ``slots``: one decode, then each one's own sampler."""
+        self._decode([(s, s.next_token, True) for s in slots])
+        ctx, eog = self._model.ctx, self.tokenizer.eos_token_ids
+        for i, slot in enumerate(slots):
+            job = slot.job
+            req, params = job.request, job.request.sampling
+            if slot.prompt_logprobs is not None and params.max_tokens <= 0:
+                out = EngineOutput([], None, "length", slot.prompt_logprobs)
+                self._release(slot)
+                job.emit(out)
+                continue
+            token = slot.sampler.sample(ctx, i)
             logprobs = None
             if req.logprobs is not None:
-                logprobs = [token_logprob(logits_row(ctx, -1, self._n_vocab), token,
+                logprobs = [token_logprob(logits_row(ctx, i, self._n_vocab), token,
                                           req.logprobs)]
-            job.generated += 1
+            slot.generated += 1
             self.stats["generated_tokens"] += 1
             finish = None
             if token in params.stop_token_ids or (token in eog and not params.ignore_eos):
                 finish = "stop"
-            elif job.generated >= params.max_tokens or len(self._cached) + 1 >= self._model.n_ctx:
+            elif slot.generated >= params.max_tokens or len(slot.cached) + 1 >= self._n_ctx:
                 finish = "length"
-            job.emit(EngineOutput([token], logprobs, finish, prompt_logprobs,
-                                  stopped_by_token=finish == "stop"))
-            prompt_logprobs = None
+            out = EngineOutput([token], logprobs, finish, slot.prompt_logprobs,
+                               stopped_by_token=finish == "stop", cached_tokens=slot.cached_tokens)
+            slot.prompt_logprobs, slot.cached_tokens = None, 0
             if finish is not None:
-                return
-            self._decode([token], len(self._cached), logits="last")
+                self._release(slot)       # first, so the counters are right when it arrives
+            else:
+                slot.next_token = token
+            job.emit(out)
 
-    def _prefill(self, prompt: list[int], prompt_logprobs: int | None
-                 ) -> list[TokenLogprob | None] | None:
-        """Bring the KV cache to ``prompt``, reusing the longest common prefix.
-
-        llama.cpp's numbers depend on how tokens are batched (a token decoded alone and the
-        same token inside a batch give logits a few tenths apart). So that an answer depends
-        on the prompt alone, not on what the cache happened to hold, batches are aligned to
-        absolute positions (multiples of the batch size), reuse only keeps whole aligned
-        batches, and the last prompt token is always decoded on its own, like every
-        generated token.
-        """
-        step = self._n_batch if prompt_logprobs is None else min(self._n_batch, 64)
-        keep = 0 if prompt_logprobs is not None else _common_prefix(self._cached, prompt)
-        keep = min(keep, len(prompt) - 1) // step * step
-        mem = llama_cpp.llama_get_memory(self._model.ctx)
-        if not llama_cpp.llama_memory_seq_rm(mem, _SEQ, keep, -1):
-            llama_cpp.llama_memory_clear(mem, True)
-            keep = 0
-        self._cached = self._cached[:keep]
-        scored: list[TokenLogprob | None] | None = [None] if prompt_logprobs is not None else None
-        body = len(prompt) - 1
-        for start in range(keep, body, step):
-            end = min(start + step, body)
-            self._decode(prompt[start:end], start, logits="all" if scored is not None else "none")
-            if scored is not None:
-                scored += self._score_chunk(prompt, start, end - start, prompt_logprobs)
-        self._decode(prompt[body:], body, logits="last")
-        return scored
-
-    def _score_chunk(self, prompt: list[int], start: int, n: int, top: int
-                     ) -> list[TokenLogprob]:
-        return [token_logprob(logits_row(self._model.ctx, i, self._n_vocab), prompt[start + i + 1],
-                              top) for i in range(n)]
-
-    def _decode(self, tokens: list[int], pos: int, *, logits: str) -> None:
-        """One ``llama_decode``; ``logits`` says which outputs to keep: none, last or all."""
+    def _decode(self, rows: list[tuple[_Slot, int, bool]]) -> None:
+        """One ``llama_decode`` of (slot, token, wants logits) rows at each slot's next
+        position."""
         b = self._batch
-        b.n_tokens = len(tokens)
-        last = len(tokens) - 1
-        for i, tok in enumerate(tokens):
+        b.n_tokens = len(rows)
+        for i, (slot, tok, want) in enumerate(rows):
             b.token[i] = tok
-            b.pos[i] = pos + i
+            b.pos[i] = len(slot.cached)
             b.n_seq_id[i] = 1
-            b.seq_id[i][0] = _SEQ
-            b.logits[i] = logits == "all" or (logits == "last" and i == last)
+            b.seq_id[i][0] = slot.seq
+            b.logits[i] = want
+            slot.cached.append(tok)
         rc = llama_cpp.llama_decode(self._model.ctx, b)
         if rc != 0:
+            for slot, _, _ in rows:       # their caches no longer match what we recorded
+                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
+                slot.cached = []
             raise RuntimeError(f"llama_decode returned {rc}")
-        self._cached.extend(tokens)
-        self.stats["kv_tokens"] = len(self._cached)
+
+    def _release(self, slot: _Slot, keep: bool = True) -> None:
+        """The slot's job is over; its cached tokens stay for the next prompt that shares
+        them (unless ``keep`` is false)."""
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.job, slot.sampler, slot.pending = None, None, []
+        if not keep:
+            llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
+            slot.cached = []
+        self.stats["running"] -= 1
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
+def _aligned_prefix(cached: list[int], prompt: list[int], step: int) -> int:
+    """How much of ``cached`` a prompt can reuse: the common prefix, in whole chunks, and
+    never the prompt's last token (it is decoded with the generated ones)."""
+    n = min(len(cached), len(prompt) - 1)
     i = 0
-    while i < n and a[i] == b[i]:
+    while i < n and cached[i] == prompt[i]:
         i += 1
-    return i
-
+    return i // step * step

@@ -30,11 +30,13 @@ def _init_backend() -> None:
 
 class LlamaModel:
     def __init__(self, path: Path, *, vocab_only: bool = False, n_ctx: int = 0,
-                 n_batch: int = 512, n_threads: int = 0, n_seq_max: int = 1):
+                 n_batch: int = 512, n_threads: int = 0, n_seq_max: int = 1,
+                 extra_buffers: bool = True):
         _init_backend()
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = vocab_only
         params.n_gpu_layers = 0
+        params.use_extra_bufts = extra_buffers     # off: no repacked weights (see engine)
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
             raise ModelFilesError(f"llama.cpp could not load {path} (is it a GGUF file?)")
@@ -44,7 +46,9 @@ class LlamaModel:
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
         self.ctx = None
         if not vocab_only:
-            self.ctx = self._new_context(n_ctx or self.n_ctx_train, n_batch, n_threads, n_seq_max)
+            # n_ctx is per sequence: each gets its own KV region (llama.cpp splits the total)
+            self.ctx = self._new_context((n_ctx or self.n_ctx_train) * n_seq_max, n_batch,
+                                         n_threads, n_seq_max)
             self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
 
     def _new_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq_max: int):
@@ -52,6 +56,7 @@ class LlamaModel:
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max
+        params.kv_unified = False
         if n_threads > 0:
             params.n_threads = params.n_threads_batch = n_threads
         ctx = llama_cpp.llama_init_from_model(self.model, params)

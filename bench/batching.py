@@ -1,0 +1,214 @@
+"""Batching benchmark: Podium next to llama-cpp-python's own server, in one run.
+
+On the default model, with the same thread count, at concurrency 1, 4 and 8 (each client
+streams one chat completion of --tokens tokens, end-of-turn tokens banned so every stream runs
+to the limit): aggregate tokens/s, time to first token p50 / max, and failed or cut-short
+streams. Also a raw llama-cpp-python decode loop (Llama.eval, one token at a time) as the
+single-stream floor. llama-cpp-python's server is installed with its ``server`` extra into
+a separate venv (~/.cache/podium-bench/llama-server; the wheel comes from pip's cache).
+
+    .venv/bin/python bench/batching.py [--tokens 128] [--threads 2] [--fast]
+                                       [--skip-llama-server]
+
+Targets: Podium at 4 streams >= 2x its single stream; single stream >= 95% of the raw loop;
+no failed or interrupted request at any concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from foundation import NO_END, ROOT, free_port, raw_decode_rate  # noqa: E402
+
+TOPICS = ["a lighthouse keeper", "the history of bridges", "a robot learning to paint",
+          "the life of bees", "a journey across the desert", "how compilers work",
+          "a city under the sea", "the first day of school"]
+LLAMA_VENV = Path.home() / ".cache" / "podium-bench" / "llama-server"
+
+
+@dataclass
+class Stream:
+    tokens: int = 0
+    ttft: float | None = None
+    start: float = 0.0
+    end: float = 0.0
+    error: str | None = None
+    stamps: list[float] = field(default_factory=list)
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, model: str, topic: str,
+                     tokens: int) -> Stream:
+    s = Stream(start=time.perf_counter())
+    body = {"model": model, "messages": [{"role": "user",
+                                          "content": f"Write a long story about {topic}."}],
+            "max_tokens": tokens, "temperature": 0, "stream": True, "logit_bias": NO_END}
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                s.error = f"HTTP {r.status_code}"
+                await r.aread()
+                return s
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = orjson.loads(line[6:])
+                if "error" in chunk:
+                    s.error = str(chunk["error"])
+                    continue
+                for choice in chunk.get("choices") or ():
+                    if (choice.get("delta") or {}).get("content"):
+                        s.tokens += 1
+                        if s.ttft is None:
+                            s.ttft = time.perf_counter() - s.start
+    except httpx.HTTPError as exc:
+        s.error = type(exc).__name__
+    s.end = time.perf_counter()
+    if s.error is None and s.tokens < tokens * 0.9:
+        s.error = f"cut short at {s.tokens} tokens"
+    return s
+
+
+async def run_level(port: int, model: str, streams: int, tokens: int) -> list[Stream]:
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=streams + 4)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+        return await asyncio.gather(*(one_stream(client, url, model, TOPICS[i % len(TOPICS)],
+                                                 tokens) for i in range(streams)))
+
+
+def summary(results: list[Stream]) -> dict:
+    wall = max(s.end for s in results) - min(s.start for s in results)
+    ttfts = [s.ttft for s in results if s.ttft is not None]
+    decode = [(s.tokens - 1) / (s.end - s.start - s.ttft) for s in results
+              if s.ttft is not None and s.tokens > 1]
+    return {"tok_s": sum(s.tokens for s in results) / wall,
+            "decode": statistics.median(decode) if decode else float("nan"),
+            "ttft_p50": statistics.median(ttfts) if ttfts else float("nan"),
+            "ttft_max": max(ttfts) if ttfts else float("nan"),
+            "errors": sum(s.error is not None for s in results),
+            "why": sorted({s.error for s in results if s.error})}
+
+
+def wait_ready(proc: subprocess.Popen, port: int, path: str) -> None:
+    for _ in range(900):
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not start")
+
+
+def llama_server_python() -> Path:
+    python = LLAMA_VENV / "bin" / "python"
+    import llama_cpp
+
+    want = llama_cpp.__version__
+    ok = python.exists() and subprocess.run(
+        [python, "-c", f"import llama_cpp.server, llama_cpp; assert llama_cpp.__version__ == "
+                       f"{want!r}"], capture_output=True).returncode == 0
+    if not ok:
+        print(f"installing llama-cpp-python[server]=={want} into {LLAMA_VENV} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(LLAMA_VENV)], check=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet",
+                        f"llama-cpp-python[server]=={want}"], check=True)
+    return python
+
+
+async def short_request_ttft(port: int, model: str, tokens: int) -> tuple[float, float]:
+    """TTFT of a short request alone, then while three long generations run."""
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=900) as client:
+        idle = statistics.median([(await one_stream(client, url, model, f"a cat named {i}", 4))
+                                  .ttft for i in range(3)])
+        longs = [asyncio.create_task(one_stream(client, url, model, TOPICS[i + 1], tokens * 2))
+                 for i in range(3)]
+        await asyncio.sleep(2.0)
+        crowded = (await one_stream(client, url, model, "a cat named Tom", 4)).ttft
+        await asyncio.gather(*longs)
+    return idle, crowded
+
+
+def measure(name: str, cmd: list[str], port: int, ready: str, model: str, tokens: int,
+            levels: list[int], crowd: bool = False) -> dict[int, dict]:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(proc, port, ready)
+        asyncio.run(run_level(port, model, 1, 8))          # warm up
+        out = {}
+        if crowd:
+            idle, crowded = asyncio.run(short_request_ttft(port, model, tokens))
+            print(f"{name:>18} short request TTFT idle {idle * 1000:.0f} ms, with 3 long "
+                  f"streams running {crowded * 1000:.0f} ms ({crowded / idle:.2f}x)", flush=True)
+        for n in levels:
+            out[n] = summary(asyncio.run(run_level(port, model, n, tokens)))
+            print(f"{name:>18} c={n}: {out[n]['tok_s']:6.1f} tok/s  ttft p50 "
+                  f"{out[n]['ttft_p50'] * 1000:6.0f} ms  max {out[n]['ttft_max'] * 1000:6.0f} ms"
+                  f"  errors {out[n]['errors']} {out[n]['why'] or ''}", flush=True)
+        return out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--levels", default="1,4,8")
+    ap.add_argument("--fast", action="store_true", help="also Podium --no-deterministic")
+    ap.add_argument("--skip-llama-server", action="store_true")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    from podium.engine.llamacpp.model_files import default_model_path
+
+    model_path = default_model_path()
+    raw = raw_decode_rate(args.tokens, args.threads)
+    print(f"{'raw Llama.eval':>18} c=1: {raw:6.1f} tok/s", flush=True)
+    results = {}
+    variants = [("podium", [])] + ([("podium --no-determ", ["--no-deterministic"])]
+                                   if args.fast else [])
+    for name, extra in variants:
+        port = free_port()
+        results[name] = measure(name, [sys.executable, "-m", "podium", "serve", "--port",
+                                       str(port), "--threads", str(args.threads), "--ctx-size",
+                                       "1024", "--max-num-seqs", str(max(levels)),
+                                       "--log-level", "warning", *extra],
+                                port, "/health", "qwen2.5-coder-0.5b-instruct", args.tokens,
+                                levels, crowd=True)
+    if not args.skip_llama_server:
+        python, port = llama_server_python(), free_port()
+        results["llama_cpp.server"] = measure(
+            "llama_cpp.server", [str(python), "-m", "llama_cpp.server", "--model",
+                                 str(model_path), "--n_threads", str(args.threads),
+                                 "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
+                                 "--host", "127.0.0.1", "--port", str(port)],
+            port, "/v1/models", str(model_path), args.tokens, levels)
+    print()
+    for name, res in results.items():
+        single = res[levels[0]]["tok_s"]
+        print(f"{name}: single stream decodes at {res[levels[0]]['decode']:.1f} tok/s after its "
+              f"first token, {res[levels[0]]['decode'] / raw:.2f} of raw; " + ", ".join(
+            f"c={n} {res[n]['tok_s'] / single:.2f}x single" for n in levels[1:]))
+
+
+if __name__ == "__main__":
+    main()
