@@ -122,3 +122,23 @@ def test_settings_from_a_config_file(tmp_path):
         Settings.from_sources(["--config", str(cfg)], {})
     masked = Settings(api_key=["sk-1"], store_url="postgresql://u:pw@db/x").redacted()
     assert masked["api_key"] == ["***"] and "pw" not in masked["store_url"]
+
+
+def test_a_full_engine_queue_is_429_before_anything_streams(scripted, client_for):
+    from podium.errors import RateLimited
+
+    engine = scripted(["Hi"])
+
+    def check_room(n):
+        raise RateLimited("busy", retry_after=2)
+
+    engine.check_room = check_room
+    with client_for(engine) as c:
+        for url, body in (("/v1/chat/completions", {"messages": [{"role": "user",
+                                                                  "content": "x"}]}),
+                          ("/v1/completions", {"prompt": "x"}),
+                          ("/v1/responses", {"input": "x"})):
+            r = c.post(url, json={"model": SERVED, "stream": True, **body})
+            assert r.status_code == 429, (url, r.text)
+            assert r.headers["retry-after"] == "2"
+            assert r.json()["error"]["type"] == "rate_limit_error"
