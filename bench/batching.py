@@ -3,7 +3,8 @@
 On the default model, with the same thread count, at concurrency 1, 4 and 8 (each client
 streams one chat completion of --tokens tokens, end-of-turn tokens banned so every stream runs
 to the limit): aggregate tokens/s, time to first token p50 / max, and failed or cut-short
-streams. Also a raw llama-cpp-python decode loop (Llama.eval, one token at a time) as the
+streams (errors summed over the runs, other figures from the median run of --repeat).
+Also a raw llama-cpp-python decode loop (Llama.eval, one token at a time) as the
 single-stream floor. llama-cpp-python's server is installed with its ``server`` extra into
 a separate venv (~/.cache/podium-bench/llama-server; the wheel comes from pip's cache).
 
@@ -145,7 +146,7 @@ async def short_request_ttft(port: int, model: str, tokens: int) -> tuple[float,
 
 
 def measure(name: str, cmd: list[str], port: int, ready: str, model: str, tokens: int,
-            levels: list[int], crowd: bool = False) -> dict[int, dict]:
+            levels: list[int], repeat: int, crowd: bool = False) -> dict[int, dict]:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(proc, port, ready)
@@ -156,7 +157,11 @@ def measure(name: str, cmd: list[str], port: int, ready: str, model: str, tokens
             print(f"{name:>18} short request TTFT idle {idle * 1000:.0f} ms, with 3 long "
                   f"streams running {crowded * 1000:.0f} ms ({crowded / idle:.2f}x)", flush=True)
         for n in levels:
-            out[n] = summary(asyncio.run(run_level(port, model, n, tokens)))
+            runs = [summary(asyncio.run(run_level(port, model, n, tokens)))
+                    for _ in range(repeat)]
+            out[n] = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]   # the median run
+            out[n]["errors"] = sum(r["errors"] for r in runs)
+            out[n]["why"] = sorted({w for r in runs for w in r["why"]})
             print(f"{name:>18} c={n}: {out[n]['tok_s']:6.1f} tok/s  ttft p50 "
                   f"{out[n]['ttft_p50'] * 1000:6.0f} ms  max {out[n]['ttft_max'] * 1000:6.0f} ms"
                   f"  errors {out[n]['errors']} {out[n]['why'] or ''}", flush=True)
@@ -176,12 +181,14 @@ def main() -> None:
     ap.add_argument("--levels", default="1,4,8")
     ap.add_argument("--fast", action="store_true", help="also Podium --no-deterministic")
     ap.add_argument("--skip-llama-server", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per level (median shown)")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     from podium.engine.llamacpp.model_files import default_model_path
 
     model_path = default_model_path()
-    raw = raw_decode_rate(args.tokens, args.threads)
+    raw = statistics.median(raw_decode_rate(args.tokens, args.threads)
+                            for _ in range(args.repeat))
     print(f"{'raw Llama.eval':>18} c=1: {raw:6.1f} tok/s", flush=True)
     results = {}
     variants = [("podium", [])] + ([("podium --no-determ", ["--no-deterministic"])]
@@ -193,7 +200,7 @@ def main() -> None:
                                        "1024", "--max-num-seqs", str(max(levels)),
                                        "--log-level", "warning", *extra],
                                 port, "/health", "qwen2.5-coder-0.5b-instruct", args.tokens,
-                                levels, crowd=True)
+                                levels, args.repeat, crowd=True)
     if not args.skip_llama_server:
         python, port = llama_server_python(), free_port()
         results["llama_cpp.server"] = measure(
@@ -201,7 +208,7 @@ def main() -> None:
                                  str(model_path), "--n_threads", str(args.threads),
                                  "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
                                  "--host", "127.0.0.1", "--port", str(port)],
-            port, "/v1/models", str(model_path), args.tokens, levels)
+            port, "/v1/models", str(model_path), args.tokens, levels, args.repeat)
     print()
     for name, res in results.items():
         single = res[levels[0]]["tok_s"]
