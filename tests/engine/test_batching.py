@@ -130,3 +130,29 @@ def test_a_full_queue_is_refused_with_429(engine):
     error, results = asyncio.run(scenario())
     assert error.status_code == 429 and error.headers["retry-after"] == "1"
     assert all(finish in ("stop", "length") for _, finish in results)   # nobody was cut off
+
+
+def test_a_request_that_fails_to_sample_fails_alone(engine, monkeypatch):
+    from podium.engine.llamacpp import engine as engine_module
+    from podium.errors import EngineError
+
+    class Exploding(engine_module.Sampler):
+        def sample(self, ctx, index=-1):
+            if self.seed == 666:
+                raise RuntimeError("boom")
+            return super().sample(ctx, index)
+
+    reqs = mixed_requests(engine)[:3]
+    expected = alone(engine, reqs)
+    monkeypatch.setattr(engine_module, "Sampler", Exploding)
+    bad = request(engine, PROMPTS[4], seed=666, temperature=0.7)
+
+    async def scenario():
+        results = await asyncio.gather(*(tokens(engine, renamed(r)) for r in reqs),
+                                       tokens(engine, bad), return_exceptions=True)
+        return results[:3], results[3]
+
+    good, failed = asyncio.run(scenario())
+    assert isinstance(failed, EngineError)
+    assert good == expected
+    assert engine.stats["running"] == 0

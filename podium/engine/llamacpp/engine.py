@@ -268,11 +268,17 @@ class LlamaCppEngine:
                 self._release(slot)
                 job.emit(out)
                 continue
-            token = slot.sampler.sample(ctx, i)
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs = [token_logprob(logits_row(ctx, i, self._n_vocab), token,
-                                          req.logprobs)]
+            try:
+                token = slot.sampler.sample(ctx, i)
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = [token_logprob(logits_row(ctx, i, self._n_vocab), token,
+                                              req.logprobs)]
+            except Exception as exc:  # noqa: BLE001 - this request fails, the batch goes on
+                log.exception("sampling failed for %s", req.request_id)
+                self._release(slot, keep=False)
+                job.emit(exc)
+                continue
             slot.generated += 1
             self.stats["generated_tokens"] += 1
             finish = None
