@@ -3,12 +3,14 @@
     python bench/scripted_server.py --port 8123 --tokens 512 [--delay 0.0]
 
 Every request gets the same reply of about --tokens tokens, replayed through the default
-model's real tokenizer; --delay paces it (seconds per token; 0 is as fast as possible).
+model's real tokenizer; --delay paces it (seconds per token; 0 is as fast as possible). PODIUM_BENCH_LOOP=asyncio
+runs it on asyncio's own loop instead of uvloop.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import uvicorn
 
@@ -45,7 +47,7 @@ def main() -> None:
                                       context_length=1 << 20, keep_requests=0)
     app = create_app(Settings(max_concurrent_requests=0), engine)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                backlog=4096)
+                backlog=4096, loop=os.environ.get("PODIUM_BENCH_LOOP", "auto"))
 
 
 if __name__ == "__main__":
