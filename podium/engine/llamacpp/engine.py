@@ -103,6 +103,7 @@ class LlamaCppEngine:
         self._closing = False
         self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0,
                       "kv_tokens": 0}
+        self._stats_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
         self._worker.start()
 
@@ -120,7 +121,7 @@ class LlamaCppEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
         self._active[request.request_id] = job
-        self.stats["waiting"] += 1
+        self._count_waiting(+1)
         self._jobs.put(job)
         try:
             while True:
@@ -171,6 +172,10 @@ class LlamaCppEngine:
         for job in self._waiting:
             job.emit(EngineOutput([], finish_reason="abort"))
 
+    def _count_waiting(self, delta: int) -> None:
+        with self._stats_lock:          # changed from the event loop and the worker thread
+            self.stats["waiting"] += delta
+
     def _take_jobs(self, block: bool) -> bool:
         """Move queued jobs to the waiting list; False when the engine is closing."""
         try:
@@ -188,13 +193,13 @@ class LlamaCppEngine:
         still = []
         for job in self._waiting:
             if job.aborted:
-                self.stats["waiting"] -= 1
+                self._count_waiting(-1)
                 continue
             free = [s for s in self._slots if s.job is None]
             if not free:
                 still.append(job)
                 continue
-            self.stats["waiting"] -= 1
+            self._count_waiting(-1)
             try:
                 self._start(job, free)
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
