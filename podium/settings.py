@@ -87,7 +87,8 @@ class Settings:
         "(--no-deterministic: faster batches with repacked weights, but a request crowded by "
         "3 or more others may differ from its lone answer).")
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")
-    batch_size: int = _opt(512, "Tokens per prompt-processing batch.")
+    batch_size: int = _opt(128, "Tokens per prompt-processing chunk; prefix reuse keeps whole "
+                           "chunks, and a long prompt holds running streams one chunk at a time.")
     seed: int = _opt(-1, "Default sampling seed for requests without one (-1: random).")
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
 

@@ -6,7 +6,7 @@ from tests.e2e.conftest import MODEL
 
 QUESTIONS = ["Name three rivers.", "What is a linked list?", "Say hi in Spanish.",
              "Give one tip for sleeping well.", "What colour is the sky at dusk?"]
-# long enough to fill one whole prefill chunk (--batch-size 512), so a second request reuses it
+# long enough to fill several prefill chunks (--batch-size 128), so a second request reuses them
 SYSTEM = "You are a terse assistant for a hardware store. " + " ".join(
     f"Rule {i}: answer in one short sentence and never mention competitor number {i}."
     for i in range(40))
@@ -38,7 +38,10 @@ def test_a_shared_prefix_is_reported_as_cached_tokens(client):
     first = chat("Do you sell hammers?")
     assert first.usage.prompt_tokens > 512
     second = chat("Do you sell nails?")
-    assert second.usage.prompt_tokens_details.cached_tokens == 512
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # whole 128-token chunks of the shared system prompt, never the part that differs
+    assert cached % 128 == 0 and second.usage.prompt_tokens - 128 - 16 < cached
+    assert cached < second.usage.prompt_tokens
     response = client.responses.create(model=MODEL, instructions=SYSTEM,
                                        input="Do you sell glue?", max_output_tokens=16)
-    assert response.usage.input_tokens_details.cached_tokens == 512
+    assert response.usage.input_tokens_details.cached_tokens == cached

@@ -78,7 +78,7 @@ class _Slot:
 
 
 class LlamaCppEngine:
-    def __init__(self, path: Path, *, served_name: str, n_ctx: int = 8192, n_batch: int = 512,
+    def __init__(self, path: Path, *, served_name: str, n_ctx: int = 8192, n_batch: int = 128,
                  n_threads: int = 0, max_num_seqs: int = 4, max_queued: int = 256,
                  deterministic: bool = True):
         self._slots = [_Slot(i) for i in range(max(1, max_num_seqs))]
