@@ -17,23 +17,37 @@ log = logging.getLogger(__name__)
 
 
 class Drain:
-    def __init__(self) -> None:
-        self._event: asyncio.Event | None = None
-        self.started = False
+    """Ends the streams still running when the grace period is over.
 
-    def event(self) -> asyncio.Event:
-        if self._event is None:
-            self._event = asyncio.Event()
-        return self._event
+    Streams register a callback rather than each waiting on an event: one task and one
+    waiter fewer per open stream.
+    """
+
+    def __init__(self) -> None:
+        self._watchers: set[Callable[[], object]] = set()
+        self.started = False
+        self.fired = False
+
+    def watch(self, end: Callable[[], object]) -> Callable[[], None]:
+        """Call ``end`` when the grace period is over (at once if it is); returns the
+        function that stops watching."""
+        if self.fired:
+            end()
+        self._watchers.add(end)
+        return lambda: self._watchers.discard(end)
 
     def begin(self, grace: float) -> None:
         """Start the grace period (from the event loop's thread)."""
         if self.started:
             return
         self.started = True
-        event = self.event()
-        asyncio.get_running_loop().call_later(grace, event.set)
+        asyncio.get_running_loop().call_later(grace, self._fire)
         log.info("shutting down: running streams have %.0f s to finish", grace)
+
+    def _fire(self) -> None:
+        self.fired = True
+        for end in list(self._watchers):
+            end()
 
 
 class Server(uvicorn.Server):

@@ -84,14 +84,13 @@ class SSEResponse(Response):
                     await self._end(send, ServerShuttingDown())
                 group.cancel_scope.cancel()
 
-            async def end_on_drain() -> None:
-                await drain.event().wait()
-                stream_scope.cancel()
-
             group.start_soon(stream_then_stop)
-            if drain is not None:
-                group.start_soon(end_on_drain)
-            await _until_disconnect(receive)
+            unwatch = drain.watch(stream_scope.cancel) if drain is not None else None
+            try:
+                await _until_disconnect(receive)
+            finally:
+                if unwatch is not None:
+                    unwatch()
             group.cancel_scope.cancel()
 
     async def _stream(self, send: Send) -> None:
