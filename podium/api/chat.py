@@ -91,7 +91,7 @@ class ChatService:
                 "(gpt-oss) models: Podium cannot constrain their output; use 'auto'",
                 param="tool_choice")
         tools = None
-        if req.tools and req.tool_choice != "none":
+        if _offers_tools(req):
             tools = [t.function.model_dump(exclude_none=True) for t in req.tools]
         fmt = req.response_format
         return self.harmony.render(
@@ -110,7 +110,7 @@ class ChatService:
             template = ChatTemplate(req.chat_template, bos_token=tok.bos_token,
                                     eos_token=tok.eos_token)
         tools = None
-        if req.tools and req.tool_choice != "none":
+        if _offers_tools(req):
             tools = [t.model_dump(exclude_none=True) for t in req.tools]
         return template.render([_template_message(m, i) for i, m in enumerate(req.messages)],
                                tools=tools, add_generation_prompt=req.add_generation_prompt,
@@ -127,7 +127,7 @@ class ChatService:
         if self.harmony is not None:
             sampling.stop_token_ids = self.harmony.stop_token_ids
             sampling.ignore_eos = True      # <|end|> ends a message, not the turn
-            tools = tool_set(req) if req.tools and req.tool_choice != "none" else None
+            tools = tool_set(req) if _offers_tools(req) else None
             return Choice(request, HarmonyPipeline(self.harmony, tools, stop_strings(req.stop),
                                                    req.logprobs))
         return Choice(request, TextPipeline(tok, stop_strings(req.stop), req.logprobs),
@@ -153,7 +153,7 @@ class ChatService:
         reasoning = (build_reasoning_parser(self.reasoning_family, prompt_text)
                      if thinking else None)
         tools = None
-        if req.tools and req.tool_choice != "none":
+        if _offers_tools(req):
             tools = build_tool_parser(self.tool_family, tool_set(req))
         named = isinstance(req.tool_choice, NamedToolChoice)
         return OutputParser(reasoning, tools, calls_finish="stop" if named else "tool_calls")
@@ -192,6 +192,11 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
         raise InvalidRequestError(
             f"tool_choice names function {req.tool_choice.function.name!r}, which is not in "
             f"tools", param="tool_choice")
+
+
+def _offers_tools(req: ChatCompletionRequest) -> bool:
+    """The model sees the tools (declared, and tool_choice is not "none")."""
+    return bool(req.tools) and req.tool_choice != "none"
 
 
 def tool_set(req: ChatCompletionRequest) -> ToolSet:

@@ -52,10 +52,20 @@ class Harmony:
         except oh.HarmonyError as exc:
             raise ModelFilesError(f"openai-harmony could not load its vocabulary: {exc}") from None
         self._oh = oh
+        self.error = oh.HarmonyError
+        self.content_state = oh.StreamState.CONTENT
         special = self.encoding.encode("<|return|><|call|><|endoftext|><|start|>",
                                        allowed_special="all")
         self.return_token, self.call_token, self.start_token = special[0], special[1], special[3]
         self.stop_token_ids = frozenset(special[:3])
+
+    def stream_parser(self, resume: bool = False):
+        """openai-harmony's token-level parser for the assistant's turn (the prompt ended in
+        ``<|start|>assistant``), or, resuming after malformed output, for messages that begin
+        with ``<|start|>``."""
+        oh = self._oh
+        return oh.StreamableParser(self.encoding, role=None if resume else oh.Role.ASSISTANT,
+                                   strict=False)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                effort: str | None = None, response_format: dict[str, Any] | None = None,

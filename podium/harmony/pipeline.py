@@ -37,16 +37,13 @@ class _Calls(ToolParser):
 
 class HarmonyPipeline:
     def __init__(self, harmony: Harmony, tools: ToolSet | None = None,
-                 stop: list[str] | None = None, want_logprobs: bool = False,
-                 calls_finish: str = "tool_calls"):
+                 stop: list[str] | None = None, want_logprobs: bool = False):
         self._harmony = harmony
-        self._parser = self._new_parser()
-        self._content_state = harmony._oh.StreamState.CONTENT
+        self._parser = harmony.stream_parser()
         self._calls = _Calls(tools or ToolSet())
         self._may_call = tools is not None
         self._stops = StopMatcher(stop) if stop else None
         self._want_logprobs = want_logprobs
-        self._calls_finish = calls_finish
         self._logprobs: list[TokenLogprob] = []     # waiting for visible text
         self._kind: int | None = None               # what the open message is
         self._streamed = False                       # the open message showed content
@@ -57,13 +54,6 @@ class HarmonyPipeline:
         self.finished = False
         self.prompt_logprobs = None
         self.cached_tokens = 0
-
-    def _new_parser(self, resume: bool = False):
-        """A parser for the turn (the prompt ended in ``<|start|>assistant``), or, resuming
-        after malformed output, for messages that begin with ``<|start|>``."""
-        oh = self._harmony._oh
-        return oh.StreamableParser(self._harmony.encoding,
-                                   role=None if resume else oh.Role.ASSISTANT, strict=False)
 
     def feed(self, out: EngineOutput) -> list[Event]:
         self.completion_tokens += len(out.token_ids)
@@ -86,23 +76,23 @@ class HarmonyPipeline:
         if self._resync:
             if token != self._harmony.start_token:
                 return
-            self._parser = parser = self._new_parser(resume=True)
+            self._parser = parser = self._harmony.stream_parser(resume=True)
             self._messages = 0
             self._resync = False
         try:
             parser.process(token)
-        except self._harmony._oh.HarmonyError as exc:
+        except self._harmony.error as exc:
             log.warning("malformed Harmony output (%s); skipping to the next message", exc)
             self._close(events)
             self._resync = True
             return
-        if self._kind is None and parser.state == self._content_state:
+        if self._kind is None and parser.state == self._harmony.content_state:
             self._open(parser.current_channel, parser.current_recipient, events)
         delta = parser.last_content_delta
         if self._kind == _REASONING:
             self.reasoning_tokens += 1
         if delta:
-            self._content(delta, logprob, events)
+            self._content(self._kind, delta, logprob, events)
         elif logprob is not None and self._kind == _TEXT:
             self._logprobs.append(logprob)
         if len(parser.messages) > self._messages:
@@ -126,9 +116,9 @@ class HarmonyPipeline:
         else:
             self._kind = _TEXT
 
-    def _content(self, delta: str, logprob: TokenLogprob | None, events: list[Event]) -> None:
+    def _content(self, kind: int | None, delta: str, logprob: TokenLogprob | None,
+                 events: list[Event]) -> None:
         self._streamed = True
-        kind = self._kind
         if kind == _REASONING:
             events.append(ReasoningDelta(delta))
         elif kind == _TEXT:
@@ -155,9 +145,7 @@ class HarmonyPipeline:
         if not self._streamed and message is not None and kind in (_TEXT, _REASONING):
             whole = "".join(getattr(part, "text", "") for part in message.content)
             if whole:
-                self._kind = kind
-                self._content(whole, None, events)
-                self._kind = None
+                self._content(kind, whole, None, events)
         if kind == _TEXT and self._stops is not None and not self._stops.stopped:
             self._text(self._stops.flush(), events)
         elif kind == _CALL:
@@ -171,6 +159,6 @@ class HarmonyPipeline:
         if self._kind is not None:
             self._close(events)
         if reason == "stop" and self._calls.calls:
-            reason = self._calls_finish
+            reason = "tool_calls"
         self.finished = True
         events.append(Finish(reason, self.completion_tokens))

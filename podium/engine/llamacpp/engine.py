@@ -75,6 +75,7 @@ class _Slot:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     cached_tokens: int = 0
     last_used: int = 0
+    chunk: int = 0                  # prefill chunk size for the job (smaller when scoring)
 
 
 class LlamaCppEngine:
@@ -211,14 +212,13 @@ class LlamaCppEngine:
         prompt = req.prompt_token_ids
         scoring = req.prompt_logprobs is not None
         step = self._n_batch if not scoring else min(self._n_batch, 64)
-        slot = max(free, key=lambda s: (0 if scoring else _aligned_prefix(s.cached, prompt, step),
-                                        -s.last_used))
-        keep = 0 if scoring else _aligned_prefix(slot.cached, prompt, step)
+        reuse = [(0 if scoring else _aligned_prefix(s.cached, prompt, step), s) for s in free]
+        keep, slot = max(reuse, key=lambda pair: (pair[0], -pair[1].last_used))
         if not llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, keep, -1):
             llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
             keep = 0
         slot.cached = slot.cached[:keep]
-        slot.cached_tokens = keep
+        slot.cached_tokens, slot.chunk = keep, step
         slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab)
         slot.job, slot.generated = job, 0
         slot.pending = list(prompt[keep:-1])
@@ -249,9 +249,8 @@ class LlamaCppEngine:
     def _prefill_chunk(self, slot: _Slot) -> None:
         """One chunk of ``slot``'s prompt, ending at the next multiple of the chunk size."""
         scoring = slot.prompt_logprobs is not None
-        step = self._n_batch if not scoring else min(self._n_batch, 64)
         start = len(slot.cached)
-        n = min(len(slot.pending), step - start % step)
+        n = min(len(slot.pending), slot.chunk - start % slot.chunk)
         chunk = slot.pending[:n]
         self._decode([(slot, tok, scoring) for tok in chunk])
         if scoring:
