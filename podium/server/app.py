@@ -22,7 +22,8 @@ from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.server import errors
-from podium.server.lifecycle import Drain, return_memory_when_idle
+from podium.server.lifecycle import Drain
+from podium.server.memory import return_memory_when_idle
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
 from podium.server.sse import SSEResponse
