@@ -15,13 +15,13 @@ pool they first landed in, one or two per otherwise empty arena.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 from typing import Callable
 
 
 def _malloc_trim() -> None:
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):       # not glibc: nothing to hand back this way
         pass
@@ -34,8 +34,6 @@ async def return_memory_when_idle(busy: Callable[[], bool], every: float = 5.0) 
     of megabytes. A full collection and ``malloc_trim`` while nothing runs costs a few
     milliseconds and brings RSS back near its baseline.
     """
-    import gc
-
     dirty = False
     while True:
         await asyncio.sleep(every)
@@ -57,9 +55,9 @@ async def _renew_free_lists(loop: asyncio.AbstractEventLoop) -> None:
     Some C types keep a few hundred freed objects for reuse (asyncio's future iterators,
     uvloop's handles and timer handles). Those kept after a burst were allocated at its peak,
     scattered over arenas that are otherwise empty, and pin them. Taking every kept object
-    out, allocating as many fresh ones (they come from the fullest arenas), then releasing the
-    fresh ones first refills the free lists with objects that pin nothing and really frees the
-    old ones. (`bench/load.py`, 1,000 streams, three runs each: RSS once idle was +19 / +26 /
+    out, allocating as many fresh ones (after the full collection, mostly from pools that
+    hold older objects), then releasing the fresh ones first refills the free lists with
+    them and really frees the old ones; it helps, it does not guarantee where they land. (`bench/load.py`, 1,000 streams, three runs each: RSS once idle was +19 / +26 /
     +20% over baseline without this, +16 / +17 / +11% with it.)
     """
     futures = [loop.create_future() for _ in range(2 * FREE_LIST_ROOM)]
