@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import resource
+import signal
 import socket
 import statistics
 import subprocess
@@ -42,14 +43,14 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def start_server(port: int, tokens: int, delay: float, allocator: str = "pymalloc"
-                 ) -> subprocess.Popen:
+def start_server(port: int, tokens: int, delay: float, allocator: str = "pymalloc",
+                 census: bool = False) -> subprocess.Popen:
     env = dict(os.environ)
     if allocator == "malloc":
         env["PYTHONMALLOC"] = "malloc"     # glibc's allocator: freed memory can go back
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "scripted_server.py"),
                              "--port", str(port), "--tokens", str(tokens),
-                             "--delay", str(delay)], cwd=ROOT, env=env)
+                             "--delay", str(delay)] + ["--census"] * census, cwd=ROOT, env=env)
     for _ in range(600):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -150,20 +151,27 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.05, help="seconds per token")
     parser.add_argument("--allocator", choices=["pymalloc", "malloc"], default="pymalloc",
                         help="the server's Python allocator (PYTHONMALLOC)")
+    parser.add_argument("--census", action="store_true",
+                        help="have the server list what pins pymalloc arenas after the load")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     tokens = int(args.seconds / args.delay)
 
     port = free_port()
-    server = start_server(port, tokens, args.delay, args.allocator)
+    server = start_server(port, tokens, args.delay, args.allocator, args.census)
     try:
         asyncio.run(one_stream(port, Stream()))          # warm up
-        time.sleep(1)
+        time.sleep(5)                 # the server settles (gives memory back) after traffic
         baseline = rss_kb(server.pid)
+        if args.census:
+            server.send_signal(signal.SIGUSR1)
         stats, during, elapsed = asyncio.run(run_load(port, args.streams, server.pid))
-        time.sleep(12)                # the server hands memory back once idle (every 5 s)
+        time.sleep(12)                # the server gives memory back 2 s after the last stream
         after = rss_kb(server.pid)
+        if args.census:
+            server.send_signal(signal.SIGUSR2)
+            time.sleep(30)            # the census takes a while; let it finish
     finally:
         server.terminate()
         server.wait(30)

@@ -23,7 +23,6 @@ from podium.protocol.completions import CompletionRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.server import errors
 from podium.server.lifecycle import Drain
-from podium.server.memory import return_memory_when_idle
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
 from podium.server.sse import SSEResponse
@@ -73,12 +72,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await responses.startup()
-        trimmer = asyncio.create_task(
-            return_memory_when_idle(lambda: RequestMiddleware.active > 0))
         try:
             yield
         finally:
-            trimmer.cancel()
             await responses.shutdown()
             await engine.aclose()
             await store.aclose()

@@ -48,8 +48,6 @@ class RequestMiddleware:
     """Every response gets an ``x-request-id`` (the client's, or a new one); every request
     ends as one log line and a few metrics."""
 
-    active = 0          # requests in flight, all apps in this process
-
     def __init__(self, app: ASGIApp, metrics: telemetry.Metrics, json_logs: bool,
                  log_requests: bool):
         self.app = app
@@ -77,11 +75,9 @@ class RequestMiddleware:
                 record.body += message.get("body", b"")
             return message
 
-        RequestMiddleware.active += 1
         try:
             await self.app(scope, capture if self._capture else receive, send_with_id)
         finally:
-            RequestMiddleware.active -= 1
             telemetry.CURRENT.reset(token)
             self._metrics.requests.labels(record.endpoint, str(record.status or 500)).inc()
             if record.endpoint not in OPEN_PATHS:

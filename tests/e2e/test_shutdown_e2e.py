@@ -59,3 +59,18 @@ def test_stop_signal_ends_streams_in_band_and_exits_cleanly(tmp_path, sig):
     assert lines[-1] == "data: [DONE]"
     error = json.loads(lines[-2][len("data: "):])["error"]
     assert error["code"] == "server_shutting_down"
+
+
+def test_stop_signal_while_idle_exits_promptly(tmp_path):
+    """An idle server sleeps without ticking; a stop signal still wakes it at once, both
+    right after traffic (memory not yet given back) and once it has settled."""
+    for wait in (0.5, 4.0):
+        proc, url = start(tmp_path)
+        assert httpx.get(f"{url}/v1/models").status_code == 200
+        time.sleep(wait)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 5, output
+        assert proc.returncode in (0, -signal.SIGTERM), output
+        assert "Traceback" not in output

@@ -144,38 +144,6 @@ def test_a_full_engine_queue_is_429_before_anything_streams(scripted, client_for
             assert r.json()["error"]["type"] == "rate_limit_error"
 
 
-@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
-def test_renewing_free_lists_leaves_nothing_behind(loop_name):
-    """The idle memory step takes and returns free-list objects; repeating it grows nothing
-    and leaves no timer or task running."""
-    import asyncio
-    import gc
-
-    from podium.server.memory import _renew_free_lists
-
-    def handles() -> int:
-        gc.collect()
-        return sum(type(o).__name__ in ("Handle", "TimerHandle") for o in gc.get_objects())
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        await _renew_free_lists(loop)
-        first = handles()
-        for _ in range(3):
-            await _renew_free_lists(loop)
-        fired = loop.create_future()
-        loop.call_later(0.01, fired.set_result, True)     # the loop still runs timers
-        assert await fired
-        return first, handles(), len(asyncio.all_tasks())
-
-    if loop_name == "uvloop":
-        import uvloop
-        first, last, tasks = uvloop.run(scenario())
-    else:
-        first, last, tasks = asyncio.run(scenario())
-    assert last <= first and tasks == 1
-
-
 def test_metric_values_are_updated_in_place():
     """Counters and histograms keep their numbers in C doubles: an update leaves no new
     long-lived float behind (such floats pinned memory after a burst), and the figures

@@ -11,6 +11,7 @@ import uvicorn
 from podium.engine.base import ModelInfo
 from podium.engine.scripted import ScriptedEngine
 from podium.server.app import create_app
+from podium.server.lifecycle import Server
 from podium.settings import Settings
 from tests.conftest import SERVED
 from tests.server.test_responses import CALL, THINK, TOOLS
@@ -18,14 +19,14 @@ from tests.server.test_responses import CALL, THINK, TOOLS
 
 @pytest.fixture
 def sdk(tokenizer, tmp_path):
-    """An openai client talking to a real uvicorn server in a thread."""
+    """An openai client talking to Podium's server (uvicorn) in a thread."""
     engine = ScriptedEngine(tokenizer, ModelInfo(SERVED, 4096, THINK, 0),
                             [f"<think>Let me look it up.</think>Looking.{CALL}"])
     app = create_app(Settings(store_url=f"sqlite:///{tmp_path / 'sdk.db'}"), engine)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    server = Server(uvicorn.Config(app, port=port, log_level="warning"), app.state.drain, grace=1)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
