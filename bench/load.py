@@ -3,8 +3,10 @@
     .venv/bin/python bench/load.py [--streams 1000] [--seconds 15] [--delay 0.05]
 
 Prints, in one run: throughput (chunks/s), p50 / p99 time to first token and gap between
-chunks, errors, and the server's RSS before, during and after; then, separately, memory per
-idle stream (streams held open while the engine is paced far slower than the test).
+chunks, errors, the server's RSS before, during and after, and how often its threads wake
+once it is idle again; then, separately, memory per idle stream (streams held open while the
+engine is paced far slower than the test). ``--census`` has the server list what keeps
+pymalloc arenas alive after the load (bench/pool_census.py).
 Targets: 1,000 concurrent streams with zero errors; RSS back within 10% of the baseline after;
 under 50 KB per idle stream. The client uses raw asyncio sockets so that it, not the server,
 is the light side of the measurement.
@@ -41,6 +43,17 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def wakeups(pid: int) -> int:
+    """Context switches of every thread of ``pid`` so far (a sleeping thread that wakes
+    up switches in once)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        for line in status.read_text().splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+    return total
 
 
 def start_server(port: int, tokens: int, delay: float, allocator: str = "pymalloc",
@@ -169,6 +182,9 @@ def main() -> None:
         stats, during, elapsed = asyncio.run(run_load(port, args.streams, server.pid))
         time.sleep(12)                # the server gives memory back 2 s after the last stream
         after = rss_kb(server.pid)
+        woken = wakeups(server.pid)
+        time.sleep(10)
+        idle_wakeups = (wakeups(server.pid) - woken) / 10
         if args.census:
             server.send_signal(signal.SIGUSR2)
             time.sleep(30)            # the census takes a while; let it finish
@@ -188,6 +204,7 @@ def main() -> None:
           f"p99 {pct(gaps, 99) * 1000:.1f} ms (paced at {args.delay * 1000:.0f} ms)")
     print(f"server RSS: before {baseline / 1024:.1f} MB, during {during / 1024:.1f} MB, "
           f"after {after / 1024:.1f} MB ({(after - baseline) / baseline * 100:+.1f}% vs before)")
+    print(f"server wake-ups once idle: {idle_wakeups:.1f} per second")
 
     port = free_port()
     server = start_server(port, 100, 30.0, args.allocator)   # a token every 30 s: idle

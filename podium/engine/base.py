@@ -6,8 +6,10 @@ An engine turns prompt token ids into a stream of new token ids. Everything text
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal, Protocol
+from typing import AsyncIterator, Iterator, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -79,10 +81,44 @@ class ModelInfo:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+class EngineStats(MutableMapping[str, int]):
+    """An engine's counters (``/health`` shows them), a fixed set of names read and written
+    like a dict, the numbers kept in C integers.
+
+    A dict of ints would, after a burst of traffic, hold int objects made at its end, each
+    keeping one of the burst's 1 MiB memory arenas from going back to the OS
+    (docs/architecture.md, "Memory after a burst").
+    """
+
+    __slots__ = ("_index", "_cells")
+
+    def __init__(self, *names: str):
+        self._index = {name: i for i, name in enumerate(names)}
+        self._cells = array("q", bytes(8 * len(names)))
+
+    def __getitem__(self, name: str) -> int:
+        return self._cells[self._index[name]]
+
+    def __setitem__(self, name: str, value: int) -> None:
+        self._cells[self._index[name]] = value
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("engine counters cannot be removed")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"EngineStats({dict(self)})"
+
+
 class Engine(Protocol):
     tokenizer: Tokenizer
     info: ModelInfo
-    stats: dict[str, int]               # running, waiting, requests, generated_tokens
+    stats: EngineStats                  # running, waiting, requests, generated_tokens, ...
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]: ...
     async def abort(self, request_id: str) -> None: ...

@@ -15,7 +15,8 @@ from collections import deque
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterable
 
-from podium.engine.base import EngineOutput, EngineRequest, ModelInfo, TokenLogprob, Tokenizer
+from podium.engine.base import (EngineOutput, EngineRequest, EngineStats, ModelInfo, TokenLogprob,
+                                Tokenizer)
 
 Reply = str | list[int]
 
@@ -38,7 +39,7 @@ class ScriptedEngine:
         # the most recent requests, for tests (a benchmark keeps none: survivors of a load
         # would pin allocator arenas and distort its memory figures)
         self.requests: deque[EngineRequest] = deque(maxlen=keep_requests)
-        self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0}
+        self.stats = EngineStats("running", "waiting", "generated_tokens", "requests")
 
     @classmethod
     def from_gguf(cls, path: Path, replies: Callable[[EngineRequest], Reply] | Iterable[Reply],

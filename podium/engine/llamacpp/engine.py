@@ -40,7 +40,7 @@ from typing import AsyncIterator
 
 import llama_cpp
 
-from podium.engine.base import EngineOutput, EngineRequest, ModelInfo, TokenLogprob
+from podium.engine.base import EngineOutput, EngineRequest, EngineStats, ModelInfo, TokenLogprob
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
 from podium.errors import EngineError, RateLimited
@@ -102,8 +102,8 @@ class LlamaCppEngine:
         self._active: dict[str, _Job] = {}
         self._clock = 0
         self._closing = False
-        self.stats = {"running": 0, "waiting": 0, "generated_tokens": 0, "requests": 0,
-                      "kv_tokens": 0}
+        self.stats = EngineStats("running", "waiting", "generated_tokens", "requests",
+                                 "kv_tokens")
         self._stats_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
         self._worker.start()
