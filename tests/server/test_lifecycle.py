@@ -94,8 +94,10 @@ def test_ticks_while_a_connection_is_open(served):
         r = client.post("/v1/chat/completions", json={
             "model": SERVED, "stream": True, "messages": [{"role": "user", "content": "go"}]})
         assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+    closed = time.monotonic()
     assert server.ticks - ticks >= 4                    # the stream took about 0.6 s
-    assert not returns or returns[-1] > 0               # given back only once it was over
+    assert wait_for(lambda: returns)
+    assert returns[0] - closed >= 0.15                  # only `settle` (0.2 s) after it closed
 
 
 def test_stop_from_another_thread_wakes_an_idle_server(served):
