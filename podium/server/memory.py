@@ -32,6 +32,8 @@ def _libc_malloc_trim() -> Callable[[int], int] | None:
 
 
 _malloc_trim = _libc_malloc_trim()
+# Python 3.13 deprecates sys._clear_type_cache for the more general _clear_internal_caches
+_clear_type_cache = getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache
 
 
 async def give_back_memory(reserve: FreeListReserve | None = None,
@@ -48,7 +50,7 @@ async def give_back_memory(reserve: FreeListReserve | None = None,
     # CPython's type attribute cache holds a reference to every attribute name it was last
     # asked for; C code that looks names up from a C string (``datetime``'s ``dst``, for
     # the Date header) makes a new string each time, and the cache keeps them, one per slot.
-    sys._clear_type_cache()
+    _clear_type_cache()
     if reserve is not None:
         await reserve.swap()
     asyncio.get_running_loop().call_later(FINISH_AFTER, _finish, still_idle)
