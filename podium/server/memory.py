@@ -17,8 +17,8 @@ in the burst's arenas, so the only objects that can safely live on are those mad
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import contextvars
+import ctypes
 import gc
 import sys
 from typing import Callable
