@@ -175,12 +175,12 @@ class Census:
             addr, arena, szidx = outside[i:i + 3]
             for block in _live_blocks(addr):
                 obj = _object_at(block, types)
+                if type(obj) is int and obj in types:   # a key of the census's own table
+                    continue
                 kind = f"{(szidx + 1) * ALIGN} B " + (type(obj).__name__ if obj is not None
                                                       else "raw")
                 if obj is not None and len(lines) < 60:
                     owners = gc.get_referrers(obj)
-                    if any(o is types for o in owners):
-                        continue
                     lines.append(f"  arena {arena:>3} {kind}: {_short(obj)} <- "
                                  f"{[_short(o, 60) for o in owners[:3]]}{_made_at(obj)}")
                     del owners
@@ -201,6 +201,7 @@ class Census:
                              f"{pools_in} pools in use")
         print("census: mappings grown since baseline:\n" + "\n".join(grown), file=sys.stderr)
         print("census: done", file=sys.stderr, flush=True)
+
 
 def _made_at(obj: object) -> str:
     """Where the object was allocated, when tracemalloc runs (PYTHONTRACEMALLOC=N)."""
