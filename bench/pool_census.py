@@ -38,15 +38,26 @@ class _PoolHeader(ctypes.Structure):
                 ("maxnextoffset", ctypes.c_uint)]
 
 
-def _regions() -> list[tuple[int, int]]:
+def _smaps() -> list[tuple[int, int, str, bool, int]]:
+    """Each mapping of this process: start, end, kind ("heap": glibc's brk heap, "anon":
+    pymalloc arenas, large allocations, thread stacks; "file"), writable, resident KB."""
     out = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            parts = line.split()
-            if parts[1].startswith("rw") and (len(parts) < 6 or parts[5] in ("[heap]",)):
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                out.append((lo, hi))
-    return out
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                kind = "anon" if len(head) == 5 else "heap" if head[-1] == "[heap]" else "file"
+                mapping = [lo, hi, kind, head[1].startswith("rw"), 0]
+                out.append(mapping)
+            elif head[0] == "Rss:":
+                mapping[4] = int(head[1])
+    return [tuple(m) for m in out]
+
+
+def _regions() -> list[tuple[int, int]]:
+    """The writable anonymous and heap mappings, where pymalloc's arenas can be."""
+    return [(lo, hi) for lo, hi, kind, writable, _ in _smaps() if kind != "file" and writable]
 
 
 def pools() -> array:
@@ -106,33 +117,16 @@ def _object_at(block: int, types: dict[int, type]):
 
 
 def resident() -> str:
-    """Resident memory by kind of mapping: the brk heap (glibc), anonymous mappings (pymalloc
-    arenas, large allocations, thread stacks) and files."""
+    """Resident memory by kind of mapping."""
     sizes: Counter[str] = Counter()
-    kind = "file"
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5:
-                kind = "heap" if head[-1] == "[heap]" else "anon" if len(head) == 5 else "file"
-            elif head[0] == "Rss:":
-                sizes[kind] += int(head[1])
+    for _, _, kind, _, kb in _smaps():
+        sizes[kind] += kb
     return ", ".join(f"{k} {v / 1024:.1f} MB" for k, v in sorted(sizes.items()))
 
 
 def mappings() -> dict[tuple[int, int], int]:
     """Resident KB of each anonymous or heap mapping, by (start, end)."""
-    out: dict[tuple[int, int], int] = {}
-    span = None
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5:
-                lo, hi = (int(x, 16) for x in head[0].split("-"))
-                span = (lo, hi) if len(head) == 5 or head[-1] == "[heap]" else None
-            elif head[0] == "Rss:" and span is not None:
-                out[span] = int(head[1])
-    return out
+    return {(lo, hi): kb for lo, hi, kind, _, kb in _smaps() if kind != "file"}
 
 
 class Census:

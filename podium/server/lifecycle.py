@@ -93,7 +93,7 @@ class Server(uvicorn.Server):
                  settle: float = 2.0):
         super().__init__(config)
         self._drain, self._grace, self._settle = drain, grace, settle
-        self._reserve: FreeListReserve | None = None
+        self._reserve: FreeListReserve
         self._traffic = False               # connections since memory was last given back
         self.server_state.connections = _Connections(self._connection_arrived)
         self._idle_headers: list[tuple[bytes, bytes]] = []

@@ -36,8 +36,7 @@ _malloc_trim = _libc_malloc_trim()
 _clear_type_cache = getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache
 
 
-async def give_back_memory(reserve: FreeListReserve | None = None,
-                           still_idle: Callable[[], bool] = lambda: True) -> None:
+async def give_back_memory(reserve: FreeListReserve, still_idle: Callable[[], bool]) -> None:
     """Give the memory freed since the last call back to the OS, as far as it can go.
 
     CPython and glibc keep freed memory for reuse; after a thousand streams that can be tens
@@ -51,8 +50,7 @@ async def give_back_memory(reserve: FreeListReserve | None = None,
     # asked for; C code that looks names up from a C string (``datetime``'s ``dst``, for
     # the Date header) makes a new string each time, and the cache keeps them, one per slot.
     _clear_type_cache()
-    if reserve is not None:
-        await reserve.swap()
+    await reserve.swap()
     asyncio.get_running_loop().call_later(FINISH_AFTER, _finish, still_idle)
 
 
