@@ -118,8 +118,8 @@ class ResponsesService:
         conversation = history + items
         while True:
             try:
-                prompt_tokens, choices = self._chat.prepare(
-                    self._chat_request(req, conversation, tools))
+                prompt_tokens, choices = await asyncio.to_thread(
+                    self._chat.prepare, self._chat_request(req, conversation, tools))
                 break
             except ContextLengthExceeded:
                 if req.truncation != "auto" or len(conversation) <= 1:
