@@ -7,13 +7,18 @@ answer and the terminal event's ``response`` are the fold of exactly what was st
 
 Item lifecycles: every ``output_item.added`` gets its ``output_item.done``, every
 ``content_part.added`` its ``content_part.done``; output indices only grow.
+
+``recover`` folds a logged stream that was cut anywhere (the process was killed) back into
+output items, so a response failed after a crash keeps what its log holds.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
 from podium.engine.base import TokenLogprob, Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
@@ -174,33 +179,8 @@ class ResponseBuilder:
         item, self._item = self._item, None
         if item is None:
             return []
-        text, index = "".join(self._parts), len(self.response["output"]) - 1
-        base = {"item_id": item["id"], "output_index": index}
-        kind, events = item["type"], []
-        if kind == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": self._lps}
-            item.update(status="completed", content=[part])
-            events = [{"type": "response.output_text.done", **base, "content_index": 0,
-                       "text": text, "logprobs": self._lps},
-                      {"type": "response.content_part.done", **base, "content_index": 0,
-                       "part": part}]
-        elif kind == "reasoning":
-            part = {"type": "reasoning_text", "text": text}
-            item.update(status="completed", content=[part])
-            if self._seal is not None:
-                item["encrypted_content"] = self._seal(text)
-            events = [{"type": "response.reasoning_text.done", **base, "content_index": 0,
-                       "text": text},
-                      {"type": "response.content_part.done", **base, "content_index": 0,
-                       "part": part}]
-        elif kind == "function_call":
-            item.update(status="completed", arguments=text)
-            events = [{"type": "response.function_call_arguments.done", **base,
-                       "arguments": text, "name": item["name"]}]
-        else:   # custom tool call: the input is the one string argument
-            item["input"] = _custom_input(text)
-        return events + [{"type": "response.output_item.done", "output_index": index,
-                          "item": item}]
+        index = len(self.response["output"]) - 1
+        return close_item(item, "".join(self._parts), self._lps, index, seal=self._seal)
 
     def _snapshot(self) -> Obj:
         return dict(self.response, output=list(self.response["output"]))
@@ -212,6 +192,92 @@ class ResponseBuilder:
         return {"token": piece(lp.token_id).decode("utf-8", "replace"),
                 "bytes": list(piece(lp.token_id)), "logprob": max(lp.logprob, FLOOR),
                 "top_logprobs": top}
+
+
+def close_item(item: Obj, text: str, logprobs: list[Obj], index: int, *,
+               status: str = "completed", seal: Callable[[str], str] | None = None
+               ) -> list[Obj]:
+    """Give the open output ``item`` its final ``text`` (and ``status``); the events that
+    close it: its text's ``done``, its part's ``done``, then ``output_item.done``."""
+    base = {"item_id": item["id"], "output_index": index}
+    kind, events = item["type"], []
+    if kind == "message":
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+        item.update(status=status, content=[part])
+        events = [{"type": "response.output_text.done", **base, "content_index": 0,
+                   "text": text, "logprobs": logprobs},
+                  {"type": "response.content_part.done", **base, "content_index": 0,
+                   "part": part}]
+    elif kind == "reasoning":
+        part = {"type": "reasoning_text", "text": text}
+        item.update(status=status, content=[part])
+        if seal is not None:
+            item["encrypted_content"] = seal(text)
+        events = [{"type": "response.reasoning_text.done", **base, "content_index": 0,
+                   "text": text},
+                  {"type": "response.content_part.done", **base, "content_index": 0,
+                   "part": part}]
+    elif kind == "function_call":
+        item.update(status=status, arguments=text)
+        events = [{"type": "response.function_call_arguments.done", **base,
+                   "arguments": text, "name": item["name"]}]
+    else:   # custom tool call: the input is the one string argument
+        item["input"] = _custom_input(text)
+    return events + [{"type": "response.output_item.done", "output_index": index,
+                      "item": item}]
+
+
+# -- the fold of a logged stream ----------------------------------------------------------
+
+_DELTAS = ("response.output_text.delta", "response.reasoning_text.delta",
+           "response.function_call_arguments.delta")
+
+
+@dataclass
+class _Cut:
+    """An item the log opened and never finished: what its deltas carried, and which of its
+    closing events the log already has."""
+
+    parts: list[str] = field(default_factory=list)
+    logprobs: list[Obj] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+    def missing(self, event: Obj) -> bool:
+        kind = event["type"]
+        if kind == "response.content_part.done":
+            return "response.content_part.added" in self.seen and kind not in self.seen
+        return kind not in self.seen
+
+
+def recover(events: Iterable[Obj]) -> tuple[list[Obj], list[Obj]]:
+    """The output items a logged stream describes, even one cut anywhere (a crash), and the
+    events that close the items it left open.
+
+    Items the log finished are its ``output_item.done`` items; an item still open gets the
+    text (or arguments) its deltas carried and ``status: "incomplete"``. The closing events
+    (no sequence numbers) are the ``done`` events those items never got, so a log ended with
+    them keeps the rule that every ``added`` has its ``done``. Pure: the log is not changed.
+    """
+    output: list[Obj] = []
+    cut: dict[int, _Cut] = {}
+    for event in events:
+        kind, index = event["type"], event.get("output_index")
+        if kind == "response.output_item.added":
+            output.append(copy.deepcopy(event["item"]))
+            cut[index] = _Cut()
+        elif kind == "response.output_item.done":
+            output[index] = copy.deepcopy(event["item"])
+            cut.pop(index, None)
+        elif index in cut:
+            cut[index].seen.add(kind)
+            if kind in _DELTAS:
+                cut[index].parts.append(event["delta"])
+                cut[index].logprobs += copy.deepcopy(event.get("logprobs") or [])
+    closing: list[Obj] = []
+    for index, item in sorted(cut.items()):
+        closing += [e for e in close_item(output[index], "".join(item.parts), item.logprobs,
+                                          index, status="incomplete") if item.missing(e)]
+    return output, closing
 
 
 def _custom_input(arguments: str) -> str:
