@@ -13,6 +13,7 @@ Every error a client can see is one of these, raised where it is found and turne
     ├── PayloadTooLarge              413 invalid_request_error / payload_too_large
     ├── RateLimited                  429 rate_limit_error / rate_limit_exceeded (Retry-After)
     ├── EngineError                  500 server_error (the engine failed mid-request)
+    ├── StoreUnavailable             503 server_error / store_unavailable (full, unreachable)
     └── ModelFilesError              (start-up only: the model file cannot be had)
 """
 
@@ -95,6 +96,16 @@ class RateLimited(PodiumError):
 
 class EngineError(PodiumError):
     """The inference engine failed while serving a request (500)."""
+
+
+class StoreUnavailable(PodiumError):
+    """The response store cannot be written or reached (disk full, database down): 503.
+
+    Raised by the store for its driver's operational errors, so a request that must store
+    fails cleanly, before anything is generated or streamed, and ``/ready`` says why."""
+
+    status_code = 503
+    default_code = "store_unavailable"
 
 
 class ModelFilesError(PodiumError):

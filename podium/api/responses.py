@@ -5,6 +5,13 @@ messages; ``ChatService.prepare`` renders and tokenizes them; the engine's event
 the same parsers as chat, and ``ResponseBuilder`` renders them as Responses events. What is
 stored (SQL): the response object, the conversation before its output, its input items, and
 for streamed or background responses an append-only event log that any replica can replay.
+
+A stored response belongs to its owner (the API key that made it, ``NO_OWNER`` without
+keys); every look-up takes the caller's owner, and another owner's response is as missing as
+one that never was (the same 404). A stored response is written before anything is
+generated, so a store that cannot take it fails the request cleanly (503). A delete deletes:
+the response's log writer on this replica stops at once, and on any replica an append finds
+the row gone and stops.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 from pydantic import ValidationError
 
@@ -23,13 +30,13 @@ from podium.api.generation import Choice, check_model, run_choices
 from podium.api.sealing import Sealer
 from podium.engine.base import Engine
 from podium.errors import (ContextLengthExceeded, InvalidRequestError, NotFoundError,
-                           PodiumError)
+                           PodiumError, StoreUnavailable)
 from podium.parsing.events import Finish
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.render.responses import ResponseBuilder, Sequencer, response_skeleton, usage
 from podium.settings import Settings
-from podium.store.base import TERMINAL, ResponseStore, StoredResponse
+from podium.store.base import NO_OWNER, TERMINAL, ResponseStore, StoredResponse
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +65,8 @@ class ResponsesService:
         self._settings = settings
         self._sealer = sealer
         self._running: dict[str, asyncio.Task] = {}     # background responses on this replica
-        self._wakeups: dict[str, asyncio.Event] = {}    # new events logged, per response
+        self._logs: dict[str, _LogWriter] = {}          # responses being logged on it
+        self._finishing: set[asyncio.Task] = set()      # last writes of ended streams
         self._closing = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -77,44 +85,50 @@ class ResponsesService:
         self._closing = True
         for task in list(self._running.values()):
             task.cancel()
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await asyncio.gather(*self._running.values(), *self._finishing,
+                             return_exceptions=True)
 
     # -- create -------------------------------------------------------------------------
 
-    async def create(self, req: ResponsesRequest) -> dict[str, Any] | AsyncIterator[dict]:
+    async def create(self, req: ResponsesRequest, owner: str = NO_OWNER
+                     ) -> dict[str, Any] | AsyncIterator[dict]:
         check_model(req.model, self._engine)
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored (store: true)",
                                       param="background")
-        plan = await self._plan(req)
+        plan = await self._plan(req, owner)
         rid = plan.response["id"]
         if req.background:
             plan.response["status"] = "queued"
-            await self._store.put(StoredResponse(rid, dict(plan.response), plan.history,
-                                                 plan.input_items))
-            self._wakeups[rid] = asyncio.Event()
-            self._running[rid] = asyncio.create_task(self._background(plan))
-            return self.follow(rid, -1) if req.stream else dict(plan.response, output=[])
+        if req.store:       # first, so a store that cannot take it is a 503 before any work
+            await self._store_first(plan, owner)
+        if req.background:
+            writer = self._open_log(rid)        # before any follower looks for it
+            self._running[rid] = asyncio.create_task(self._background(plan, writer))
+            return self.follow(rid, -1, owner) if req.stream else dict(plan.response, output=[])
         if req.stream:
             return self._stream(plan, req.store)
-        builder, seq = self._builder(plan), Sequencer()
-        async for _ in self._events(plan, builder, seq):
-            pass
-        if req.store:
-            await self._store.put(StoredResponse(rid, builder.response, plan.history,
-                                                 plan.input_items))
-        return builder.response
+        return await self._respond(plan, req.store)
 
-    async def _plan(self, req: ResponsesRequest) -> _Plan:
+    async def _store_first(self, plan: _Plan, owner: str) -> None:
+        record = StoredResponse(plan.response["id"], dict(plan.response), plan.history,
+                                plan.input_items, owner)
+        try:
+            await self._store.put(record)
+        except BaseException:
+            outputs = getattr(plan.choice, "outputs", None)
+            if outputs is not None:         # already queued with the engine: drop it
+                await outputs.aclose()
+            raise
+
+    async def _plan(self, req: ResponsesRequest, owner: str) -> _Plan:
         items = normalize_input(req.input)
         history: list[dict[str, Any]] = []
         if req.previous_response_id:
-            previous = await self._store.get(req.previous_response_id)
-            if previous is None:
-                raise NotFoundError(f"No response with id {req.previous_response_id!r}",
-                                    param="previous_response_id")
-            history = previous.history + _as_input(previous.body.get("output") or [])
+            history = await self._history(req.previous_response_id, owner)
         tools = ToolMap(req.tools, strict=self._settings.strict_tools)
+        if req.tool_choice == "required" and not tools.chat_tools:
+            raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice")
         conversation = history + items
         while True:
             try:
@@ -130,6 +144,18 @@ class ResponsesService:
                     else None)
         return _Plan(self._skeleton(req), history + items, items, prompt_tokens, choices[0],
                      tools, logprobs, "reasoning.encrypted_content" in include)
+
+    async def _history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
+        """The conversation up to and including a finished response's output."""
+        previous = await self._store.get(response_id, owner)
+        if previous is None:
+            raise NotFoundError(f"No response with id {response_id!r}",
+                                param="previous_response_id")
+        if previous.status not in TERMINAL:
+            raise InvalidRequestError(
+                f"Response {response_id!r} is still {previous.status}: continue from it once "
+                f"it has finished", param="previous_response_id")
+        return previous.history + _as_input(previous.body.get("output") or [])
 
     def _chat_request(self, req: ResponsesRequest, items: list[dict[str, Any]],
                       tools: ToolMap) -> ChatCompletionRequest:
@@ -168,7 +194,7 @@ class ResponsesService:
             background=req.background, text=req.text or {"format": {"type": "text"}},
             reasoning=req.reasoning, truncation=req.truncation or "disabled", user=req.user,
             prompt_cache_key=req.prompt_cache_key, safety_identifier=req.safety_identifier,
-            top_logprobs=req.top_logprobs, service_tier="default")
+            top_logprobs=req.top_logprobs, service_tier="default", store=req.store)
 
     # -- running ------------------------------------------------------------------------
 
@@ -210,38 +236,69 @@ class ResponsesService:
         return usage(plan.prompt_tokens, plan.choice.pipeline.completion_tokens,
                      reasoning_tokens, plan.choice.pipeline.cached_tokens)
 
+    async def _respond(self, plan: _Plan, store: bool) -> dict[str, Any]:
+        builder, seq = self._builder(plan), Sequencer()
+        try:
+            async for _ in self._events(plan, builder, seq):
+                pass
+        except BaseException as exc:
+            if store:       # a client that left, or a failure: the record says so
+                self._spawn(self._store.update(plan.response["id"], self._stopped(
+                    plan, builder, seq, exc)[1]))
+            raise
+        if store:
+            await self._store.update(plan.response["id"], builder.response)
+        return builder.response
+
     async def _stream(self, plan: _Plan, store: bool) -> AsyncIterator[dict[str, Any]]:
         rid = plan.response["id"]
         builder, seq = self._builder(plan), Sequencer()
-        writer = _LogWriter(self._store, rid, self._wakeups) if store else None
-        if store:
-            await self._store.put(StoredResponse(rid, dict(plan.response), plan.history,
-                                                 plan.input_items))
-        done = False
+        writer = self._open_log(rid) if store else None
+        stopped: BaseException | None = None
         try:
             async for event in self._events(plan, builder, seq):
                 if writer is not None:
                     await writer.add(event)
                 yield event
-            done = True
+        except BaseException as exc:
+            stopped = exc
+            raise
         finally:
-            if store:
-                # a client that left mid-stream: record that the response was cancelled
-                events = [] if done else seq.stamp(builder.finish(
-                    None, self._usage(plan, builder), status="cancelled"))
-                asyncio.ensure_future(self._finalize(writer, events, builder.response))
+            if writer is not None:
+                events, response = (self._stopped(plan, builder, seq, stopped)
+                                    if stopped is not None else ([], builder.response))
+                self._spawn(self._finalize(writer, events, response))
+
+    def _stopped(self, plan: _Plan, builder: ResponseBuilder, seq: Sequencer,
+                 exc: BaseException) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """A response cut short by ``exc``: the events that end it, and its final object
+        (cancelled when its client left, failed otherwise)."""
+        if builder.response["status"] in TERMINAL:      # it had ended already
+            return [], builder.response
+        if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
+            status, error = "cancelled", None
+        else:
+            status = "failed"
+            error = {"code": getattr(exc, "code", None) or "server_error",
+                     "message": getattr(exc, "message", None) or "The response failed"}
+        events = seq.stamp(builder.finish(None, self._usage(plan, builder), status=status,
+                                          error=error))
+        return events, builder.response
 
     async def _finalize(self, writer: "_LogWriter", events: list[dict[str, Any]],
                         response: dict[str, Any]) -> None:
-        for event in events:
-            await writer.add(event)
-        await writer.flush()
-        await self._store.update(response["id"], response)
+        try:
+            for event in events:
+                await writer.add(event)
+            await writer.flush()
+            if not writer.gone:
+                await self._store.update(response["id"], response)
+        finally:
+            self._close_log(writer)
 
-    async def _background(self, plan: _Plan) -> None:
+    async def _background(self, plan: _Plan, writer: "_LogWriter") -> None:
         rid = plan.response["id"]
         builder, seq = self._builder(plan), Sequencer()
-        writer = _LogWriter(self._store, rid, self._wakeups)
         try:
             await self._store.update(rid, dict(plan.response, status="in_progress"))
             async for event in self._events(plan, builder, seq):
@@ -259,33 +316,59 @@ class ResponsesService:
                                                   status="failed", error=error)):
                 await writer.add(event)
         finally:
-            await writer.flush()            # what was produced is kept, even when stopping
-            if not self._closing:
-                await self._store.update(rid, builder.response)
-            self._running.pop(rid, None)
-            self._wakeups.pop(rid, None)
+            try:
+                await writer.flush()        # what was produced is kept, even when stopping
+                if not self._closing and not writer.gone:
+                    await self._store.update(rid, builder.response)
+            except StoreUnavailable as exc:
+                log.warning("background response %s was not stored: %s", rid, exc.message)
+            finally:
+                self._running.pop(rid, None)
+                self._close_log(writer)
+
+    def _open_log(self, response_id: str) -> "_LogWriter":
+        writer = self._logs[response_id] = _LogWriter(self._store, response_id)
+        return writer
+
+    def _close_log(self, writer: "_LogWriter") -> None:
+        if self._logs.get(writer.response_id) is writer:
+            del self._logs[writer.response_id]
+        writer.wake()                   # followers look at the store from now on
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        """Run a last write to its end although its caller is going (kept until done)."""
+        async def run() -> None:
+            try:
+                await work
+            except StoreUnavailable as exc:
+                log.warning("a stored response could not be finished: %s", exc.message)
+
+        task = asyncio.ensure_future(run())
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     # -- reading back -------------------------------------------------------------------
 
-    async def retrieve(self, response_id: str) -> dict[str, Any]:
-        return (await self._get(response_id)).body
+    async def retrieve(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        return (await self._get(response_id, owner)).body
 
-    async def _get(self, response_id: str) -> StoredResponse:
-        record = await self._store.get(response_id)
-        if record is None:
+    async def _get(self, response_id: str, owner: str) -> StoredResponse:
+        record = await self._store.get(response_id, owner)
+        if record is None:      # or another owner's: the same answer, so ids reveal nothing
             raise NotFoundError(f"No response with id {response_id!r}", param="response_id")
         return record
 
-    async def stream_existing(self, response_id: str, starting_after: int
-                              ) -> AsyncIterator[dict[str, Any]]:
-        record = await self._get(response_id)
+    async def stream_existing(self, response_id: str, starting_after: int,
+                              owner: str = NO_OWNER) -> AsyncIterator[dict[str, Any]]:
+        record = await self._get(response_id, owner)
         if not await self._store.events_after(response_id, -1) and record.status in TERMINAL:
             raise InvalidRequestError("This response has no event log to stream (it was "
                                       "created without stream or background)",
                                       param="stream")
-        return self.follow(response_id, starting_after)
+        return self.follow(response_id, starting_after, owner)
 
-    async def follow(self, response_id: str, after: int) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, response_id: str, after: int,
+                     owner: str) -> AsyncIterator[dict[str, Any]]:
         """The logged events after ``after``, then live ones, up to the terminal event."""
         while True:
             events = await self._store.events_after(response_id, after)
@@ -294,61 +377,72 @@ class ResponsesService:
                 after = event["sequence_number"]
                 if event["type"] in TERMINAL_EVENTS:
                     return
-            if not events and response_id not in self._running:
-                record = await self._store.get(response_id)
+            writer = self._logs.get(response_id)
+            if writer is not None and writer.gone:
+                writer = None           # deleted: the store says so at once
+            if not events and writer is None:
+                record = await self._store.get(response_id, owner)
                 if record is None or (record.status in TERMINAL and not
                                       await self._store.events_after(response_id, after)):
                     return
-            wakeup = self._wakeups.get(response_id)
             try:
-                if wakeup is not None:
-                    await asyncio.wait_for(wakeup.wait(), _POLL_SECONDS)
+                if writer is not None:
+                    await asyncio.wait_for(writer.changed.wait(), _POLL_SECONDS)
                 else:
                     await asyncio.sleep(_POLL_SECONDS)
             except asyncio.TimeoutError:
                 pass
 
-    async def cancel(self, response_id: str) -> dict[str, Any]:
+    async def cancel(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        record = await self._get(response_id, owner)
         task = self._running.get(response_id)
         if task is None:
-            record = await self._get(response_id)
             raise InvalidRequestError(
                 f"Only a background response that is still running can be cancelled; this "
                 f"one is {record.status}", param="response_id")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        return (await self._get(response_id)).body
+        return (await self._get(response_id, owner)).body
 
-    async def delete(self, response_id: str) -> dict[str, Any]:
+    async def delete(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        await self._get(response_id, owner)
+        writer = self._logs.get(response_id)
+        if writer is not None:
+            writer.discard()            # not one more event of it is written here
         task = self._running.get(response_id)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if not await self._store.delete(response_id):
+        if not await self._store.delete(response_id, owner):
             raise NotFoundError(f"No response with id {response_id!r}", param="response_id")
         return {"id": response_id, "object": "response", "deleted": True}
 
     async def input_items(self, response_id: str, after: str | None, limit: int,
-                          order: str) -> dict[str, Any]:
-        await self._get(response_id)
-        items, more = await self._store.input_items(response_id, after=after, limit=limit,
-                                                    order=order)
+                          order: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        await self._get(response_id, owner)
+        items, more = await self._store.input_items(response_id, owner, after=after,
+                                                    limit=limit, order=order)
         return {"object": "list", "data": items,
                 "first_id": items[0]["id"] if items else None,
                 "last_id": items[-1]["id"] if items else None, "has_more": more}
 
 
 class _LogWriter:
-    """Appends a response's events to the store in small batches and wakes its followers."""
+    """Appends a response's events to the store in small batches and wakes its followers.
 
-    def __init__(self, store: ResponseStore, response_id: str,
-                 wakeups: dict[str, asyncio.Event]):
-        self._store, self._id, self._wakeups = store, response_id, wakeups
+    It stops for good (``gone``) when the response is deleted: at once on this replica
+    (``discard``), at its next append on any other (the store refuses it)."""
+
+    def __init__(self, store: ResponseStore, response_id: str):
+        self._store, self.response_id = store, response_id
         self._batch: list[dict[str, Any]] = []
         self._last = time.monotonic()
-        wakeups.setdefault(response_id, asyncio.Event())
+        self.changed = asyncio.Event()      # set (and replaced) after each write
+        self.gone = False
 
     async def add(self, event: dict[str, Any]) -> None:
+        if self.gone:
+            return
         self._batch.append(event)
         if (len(self._batch) >= _FLUSH_EVENTS or event["type"] in TERMINAL_EVENTS
                 or time.monotonic() - self._last >= _FLUSH_SECONDS):
@@ -357,12 +451,17 @@ class _LogWriter:
     async def flush(self) -> None:
         batch, self._batch = self._batch, []
         self._last = time.monotonic()
-        if batch:
-            await self._store.append_events(self._id, batch)
-        wakeup = self._wakeups.get(self._id)
-        if wakeup is not None:
-            self._wakeups[self._id] = asyncio.Event()
-            wakeup.set()
+        if batch and not self.gone:
+            self.gone = not await self._store.append_events(self.response_id, batch)
+        self.wake()
+
+    def discard(self) -> None:
+        self.gone, self._batch = True, []
+        self.wake()
+
+    def wake(self) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
 
 
 def _as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -386,7 +485,10 @@ def _drop_oldest_turn(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rest
 
 
-def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+def _response_format(fmt: Any) -> dict[str, Any] | None:
+    if fmt is not None and not isinstance(fmt, dict):
+        raise InvalidRequestError("text.format must be an object such as {\"type\": "
+                                  "\"json_object\"}", param="text.format")
     if not fmt or fmt.get("type") in (None, "text"):
         return None
     if fmt["type"] == "json_object":

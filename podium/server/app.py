@@ -27,6 +27,7 @@ from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, Lim
                                      RequestMiddleware)
 from podium.server.sse import SSEResponse
 from podium.settings import Settings
+from podium.store.base import NO_OWNER
 from podium.store.sql import SQLStore, data_dir
 from podium.telemetry import Metrics
 
@@ -110,6 +111,12 @@ def _model_card(engine: Engine) -> dict[str, Any]:
             "owned_by": "podium", "max_model_len": engine.info.context_length}
 
 
+def _owner(request: Request) -> str:
+    """Who the request's stored responses belong to: its API key's id (set by
+    APIKeyMiddleware), or the one owner of a server without keys."""
+    return getattr(request.state, "owner", NO_OWNER)
+
+
 def _routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions", responses=_STREAMING)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -121,31 +128,34 @@ def _routes(app: FastAPI) -> None:
 
     @app.post("/v1/responses", responses=_STREAMING)
     async def create_response(body: ResponsesRequest, request: Request):
-        return respond(await request.app.state.responses.create(body), responses_api=True)
+        return respond(await request.app.state.responses.create(body, _owner(request)),
+                       responses_api=True)
 
     @app.get("/v1/responses/{response_id}", responses=_STREAMING)
     async def get_response(response_id: str, request: Request, stream: bool = False,
                            starting_after: int = Query(-1, ge=-1)):
-        service = request.app.state.responses
+        service, owner = request.app.state.responses, _owner(request)
         if stream:
-            return SSEResponse(await service.stream_existing(response_id, starting_after),
-                               responses_api=True)
-        return json_response(await service.retrieve(response_id))
+            return SSEResponse(await service.stream_existing(response_id, starting_after,
+                                                             owner), responses_api=True)
+        return json_response(await service.retrieve(response_id, owner))
 
     @app.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
     async def cancel_response(response_id: str, request: Request):
-        return json_response(await request.app.state.responses.cancel(response_id))
+        return json_response(await request.app.state.responses.cancel(response_id,
+                                                                      _owner(request)))
 
     @app.delete("/v1/responses/{response_id}", responses=_ERRORS)
     async def delete_response(response_id: str, request: Request):
-        return json_response(await request.app.state.responses.delete(response_id))
+        return json_response(await request.app.state.responses.delete(response_id,
+                                                                      _owner(request)))
 
     @app.get("/v1/responses/{response_id}/input_items", responses=_ERRORS)
     async def list_input_items(response_id: str, request: Request, after: str | None = None,
                                limit: int = Query(20, ge=1, le=100),
                                order: Literal["asc", "desc"] = "desc"):
         return json_response(await request.app.state.responses.input_items(
-            response_id, after, limit, order))
+            response_id, after, limit, order, _owner(request)))
 
     @app.get("/v1/models")
     async def list_models(request: Request):
@@ -165,7 +175,7 @@ def _routes(app: FastAPI) -> None:
 
     @app.get("/ready", responses={503: {"description": "Not ready"}})
     async def ready(request: Request):
-        """Ready: the model is loaded and the store answers."""
+        """Ready: the model is loaded and the store takes a write (a small probe)."""
         try:
             await request.app.state.store.ping()
         except Exception as exc:  # noqa: BLE001 - any store failure means not ready

@@ -2,10 +2,15 @@
 
 Order, outermost first: CORS, requests (id, metrics, log line), body limit, API keys,
 request limits (concurrency and per-key rate), then the app.
+
+``APIKeyMiddleware`` resolves the request's key once and hands its identifier (``owner_id``)
+inward as ``scope["state"]["owner"]``: the rate limit counts by it and stored responses
+belong to it, however the client spells the header.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 import secrets
@@ -86,7 +91,8 @@ class RequestMiddleware:
 
 class LimitMiddleware:
     """At most ``max_concurrent`` generating requests at once, and ``per_minute`` requests
-    per API key (or per client address without keys); past either, 429 with Retry-After."""
+    per API key (the key ``APIKeyMiddleware`` resolved; per client address without keys);
+    past either, 429 with Retry-After."""
 
     def __init__(self, app: ASGIApp, max_concurrent: int, per_minute: int):
         self.app = app
@@ -114,9 +120,9 @@ class LimitMiddleware:
             self._active -= 1
 
     def _client(self, scope: Scope) -> str:
-        auth = dict(scope["headers"]).get(b"authorization")
-        if auth:
-            return "key:" + auth.decode("latin-1")
+        owner = scope.get("state", {}).get("owner")
+        if owner is not None:
+            return "key:" + owner
         client = scope.get("client")
         return "addr:" + (client[0] if client else "?")
 
@@ -132,25 +138,34 @@ class LimitMiddleware:
         return allowed
 
 
+def owner_id(key: bytes) -> str:
+    """What stands for an API key wherever it is kept or counted: a SHA-256 prefix (128
+    bits), the same on every replica and across restarts; the key itself is never stored."""
+    return "key_" + hashlib.sha256(b"podium-owner:" + key).hexdigest()[:32]
+
+
 class APIKeyMiddleware:
-    """Requires ``Authorization: Bearer <key>`` matching one of ``keys`` (constant time)."""
+    """Requires ``Authorization: Bearer <key>`` matching one of ``keys`` (constant time);
+    passes the key's ``owner_id`` inward as ``scope["state"]["owner"]``."""
 
     def __init__(self, app: ASGIApp, keys: list[str]):
         self.app = app
-        self._keys = [k.encode() for k in keys]
+        self._keys = [(k.encode(), owner_id(k.encode())) for k in keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
-        ok = False
-        for key in self._keys:   # no early exit: every key is compared
-            ok |= hmac.compare_digest(token.strip(), key)
-        if scheme.lower() != b"bearer" or not ok:
+        token, owner = token.strip(), None
+        for key, key_owner in self._keys:   # no early exit: every key is compared
+            if hmac.compare_digest(token, key):
+                owner = key_owner
+        if scheme.lower() != b"bearer" or owner is None:
             message = ("Incorrect API key provided." if header else
                        "Missing API key: send it as 'Authorization: Bearer <key>'.")
             return await _send_error(send, AuthenticationError(message))
+        scope.setdefault("state", {})["owner"] = owner
         await self.app(scope, receive, send)
 
 

@@ -4,6 +4,11 @@ It keeps responses (the whole response object and the conversation that led to i
 input items, and an append-only log of each streamed or background response's events.
 The SQL implementation (``podium.store.sql``) is the only one: SQLite by default, any
 SQLAlchemy URL (PostgreSQL) for several replicas.
+
+Every response belongs to an owner: the API key that made it, as an identifier derived from
+the key (never the key itself), or ``NO_OWNER`` on a server without keys. The methods a
+client reaches (``get``, ``delete``, ``input_items``) take the caller's owner and treat
+another owner's response exactly like a missing one.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
+NO_OWNER = ""       # the one owner of a server without API keys (and of pre-owner rows)
 
 
 @dataclass
@@ -20,6 +26,7 @@ class StoredResponse:
     body: dict[str, Any]                 # the response object, as clients see it
     history: list[dict[str, Any]]        # conversation items before this response's output
     input_items: list[dict[str, Any]] = field(default_factory=list)   # this request's own
+    owner: str = NO_OWNER
 
     @property
     def status(self) -> str:
@@ -31,24 +38,33 @@ class ResponseStore(Protocol):
         """Insert a response with its input items (or replace its body and history)."""
 
     async def update(self, response_id: str, body: dict[str, Any]) -> None:
-        """Replace the response object of an existing response."""
+        """Replace the response object of an existing response (none: nothing happens)."""
 
-    async def get(self, response_id: str) -> StoredResponse | None: ...
+    async def get(self, response_id: str, owner: str) -> StoredResponse | None:
+        """The response, if it exists and belongs to ``owner``."""
 
-    async def delete(self, response_id: str) -> bool: ...
+    async def delete(self, response_id: str, owner: str) -> bool:
+        """Delete the response, its input items and its event log; False if ``owner`` has no
+        such response."""
 
-    async def input_items(self, response_id: str, *, after: str | None, limit: int,
-                          order: str) -> tuple[list[dict[str, Any]], bool]:
+    async def input_items(self, response_id: str, owner: str, *, after: str | None,
+                          limit: int, order: str) -> tuple[list[dict[str, Any]], bool]:
         """A page of input items, and whether more follow."""
 
-    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
-        """Add events (each carrying its ``sequence_number``) to the response's log."""
+    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> bool:
+        """Add events (each carrying its ``sequence_number``) to the response's log, only
+        while the response exists: False, and nothing added, once it has been deleted."""
 
     async def events_after(self, response_id: str, after: int) -> list[dict[str, Any]]:
         """Logged events with ``sequence_number`` > ``after``, in order."""
 
     async def fail_unfinished(self, message: str) -> list[str]:
-        """Mark queued / in-progress responses failed (after a crash); their ids."""
+        """Mark queued / in-progress responses failed (after a crash), their output rebuilt
+        from their event log; their ids."""
+
+    async def ping(self) -> None:
+        """A small write that is undone: raises ``StoreUnavailable`` if nothing can be
+        stored now (the disk is full, the database is down)."""
 
     async def prune(self, older_than: float) -> int:
         """Delete responses created before ``older_than`` (epoch seconds); how many."""
