@@ -6,8 +6,8 @@ import json
 import time
 from typing import Any, AsyncIterator
 
-from podium.api.generation import (Choice, cached_tokens, check_model, check_room, choice_seed,
-                                   new_id, output_budget, run_choices, sampling_params,
+from podium.api.generation import (Choice, cached_tokens, check_model, choice_seed, new_id,
+                                   off_loop, output_budget, run_choices, sampling_params, start,
                                    stop_strings)
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
@@ -49,7 +49,8 @@ class ChatService:
 
     async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
         """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
-        prompt_tokens, choices = self.prepare(req)
+        prompt_tokens, choices = await off_loop(self.prepare, req)
+        start(self._engine, choices)
         cid, created = new_id("chatcmpl"), int(time.time())
         if req.stream:
             return self._stream(req, choices, prompt_tokens, cid, created)
@@ -60,9 +61,11 @@ class ChatService:
         return fold.result(cid, created, req.model, prompt_tokens, cached_tokens(choices, req.n))
 
     def prepare(self, req: ChatCompletionRequest) -> tuple[int, list[Choice]]:
-        """Check, render and tokenize: the prompt's length and one ready ``Choice`` per n.
+        """Check, render and tokenize: the prompt's length and one ``Choice`` per n, ready
+        for ``generation.start``.
 
-        Every API that speaks in messages (Chat Completions, Responses) starts here.
+        Every API that speaks in messages (Chat Completions, Responses) starts here. CPU-heavy
+        and free of event-loop state: callers run it on a worker thread (``off_loop``).
         """
         engine = self._engine
         check_model(req.model, engine)
@@ -75,7 +78,6 @@ class ChatService:
             grammar = self._grammar(req)      # built once, shared by the n choices
         budget = output_budget(len(prompt), req.max_completion_tokens or req.max_tokens,
                                engine.info.context_length, self._settings.max_tokens_cap)
-        check_room(engine, req.n)
         return len(prompt), [self._choice(req, prompt, text, budget, grammar, i)
                              for i in range(req.n)]
 
@@ -108,13 +110,13 @@ class ChatService:
                     "--allow-request-chat-template to allow them)", param="chat_template")
             tok = self._engine.tokenizer
             template = ChatTemplate(req.chat_template, bos_token=tok.bos_token,
-                                    eos_token=tok.eos_token)
+                                    eos_token=tok.eos_token, from_request=True)
         tools = None
         if _offers_tools(req):
             tools = [t.model_dump(exclude_none=True) for t in req.tools]
         return template.render([_template_message(m, i) for i, m in enumerate(req.messages)],
                                tools=tools, add_generation_prompt=req.add_generation_prompt,
-                               **(req.chat_template_kwargs or {}))
+                               extra=req.chat_template_kwargs)
 
     def _choice(self, req: ChatCompletionRequest, prompt: list[int], prompt_text: str,
                 budget: int, grammar: str | None, index: int) -> Choice:

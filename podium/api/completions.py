@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from podium.api.generation import (Choice, cached_tokens, check_model, check_room, choice_seed,
-                                   new_id, output_budget, run_choices, sampling_params,
+from podium.api.generation import (Choice, cached_tokens, check_model, choice_seed, new_id,
+                                   off_loop, output_budget, run_choices, sampling_params, start,
                                    stop_strings)
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
@@ -33,7 +33,7 @@ class CompletionService:
         engine = self._engine
         check_model(req.model, engine)
         _refuse_unsupported(req)
-        prompts = self._prompts(req.prompt)
+        prompts = await off_loop(self._prompts, req.prompt)
         choices, echoes = [], []
         for p in prompts:
             budget = output_budget(len(p.token_ids), req.max_tokens, engine.info.context_length,
@@ -42,7 +42,7 @@ class CompletionService:
                 choices.append(self._choice(req, p, budget, i))
                 echoes.append(p if req.echo else None)
         prompt_tokens = sum(len(p.token_ids) for p in prompts)
-        check_room(engine, len(choices))
+        start(engine, choices)
         render_args = (new_id("cmpl"), int(time.time()), req.model)
         if req.stream:
             chunks = CompletionChunks(*render_args, engine.tokenizer, req.logprobs, echoes)

@@ -8,17 +8,23 @@ rendering (streamed chunks or a folded object) is computed from.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from podium import telemetry
-from podium.engine.base import Engine, EngineRequest, SamplingParams
+from podium.engine.base import Engine, EngineOutput, EngineRequest, SamplingParams
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
 from podium.parsing.events import Event
 from podium.parsing.pipeline import OutputParser
 from podium.protocol.common import SamplingFields
 from podium.text.pipeline import TextPipeline
+
+T = TypeVar("T")
 
 
 def check_model(requested: str, engine: Engine) -> None:
@@ -109,16 +115,30 @@ def new_id(prefix: str) -> str:
 @dataclass
 class Choice:
     """One engine request, the pipeline that turns its tokens into text events, and (chat)
-    the output parser that turns text into reasoning, tool calls and content."""
+    the output parser that turns text into reasoning, tool calls and content. ``outputs`` is
+    the engine's stream once ``start`` has queued the request."""
 
     request: EngineRequest
     pipeline: TextPipeline
     parser: OutputParser | None = None
+    outputs: AsyncIterator[EngineOutput] | None = None
+
+
+def start(engine: Engine, choices: list[Choice]) -> None:
+    """Queue every choice's request with the engine, or none of them: 400 when they could
+    never fit, 429 when the engine cannot take them now.
+
+    Runs on the event loop with no await inside, so the room check and the enqueueing are
+    one step that no other request can come between.
+    """
+    engine.check_room(len(choices))
+    for choice in choices:
+        choice.outputs = engine.generate(choice.request)
 
 
 async def run_choice(engine: Engine, index: int, choice: Choice
                      ) -> AsyncIterator[tuple[int, Event]]:
-    outputs = engine.generate(choice.request)
+    outputs = choice.outputs if choice.outputs is not None else engine.generate(choice.request)
     record = telemetry.current()
     if record is not None and index == 0:
         record.prompt(len(choice.request.prompt_token_ids))
@@ -148,11 +168,16 @@ def cached_tokens(choices: list[Choice], n: int = 1) -> int:
                for i in range(0, len(choices), n))
 
 
-def check_room(engine: Engine, n: int) -> None:
-    """429 before anything streams when the engine's queue cannot take ``n`` more."""
-    check = getattr(engine, "check_room", None)
-    if check is not None:
-        check(n)
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """Run CPU-heavy request preparation (rendering, tokenizing, grammar building) on a
+    worker thread, so the event loop keeps serving every other client meanwhile."""
+    context = contextvars.copy_context()       # the request's telemetry record goes along
+    return await asyncio.get_running_loop().run_in_executor(
+        _PREPARE, functools.partial(context.run, fn, *args))
+
+
+_PREPARE = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
+                              thread_name_prefix="podium-prepare")
 
 
 def run_choices(engine: Engine, choices: list[Choice]) -> AsyncIterator[tuple[int, Event]]:

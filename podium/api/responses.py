@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from podium.api.chat import ChatService
 from podium.api.conversation import ToolMap, new_item_id, normalize_input, to_messages
-from podium.api.generation import Choice, check_model, run_choices
+from podium.api.generation import Choice, check_model, run_choices, start
 from podium.api.sealing import Sealer
 from podium.engine.base import Engine
 from podium.errors import (ContextLengthExceeded, InvalidRequestError, NotFoundError,
@@ -97,6 +97,7 @@ class ResponsesService:
             raise InvalidRequestError("background responses must be stored (store: true)",
                                       param="background")
         plan = await self._plan(req, owner)
+        start(self._engine, [plan.choice])      # 429 / 400 now, before anything is stored
         rid = plan.response["id"]
         if req.background:
             plan.response["status"] = "queued"

@@ -59,6 +59,9 @@ class ScriptedEngine:
         ids = self.tokenizer.encode(reply, add_special=False) if isinstance(reply, str) else reply
         return list(ids) + ([self._eos] if self._eos is not None else [])
 
+    def check_room(self, n: int = 1) -> None:
+        """A script has room for any number of requests."""
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         self.requests.append(request)
         self.stats["requests"] += 1

@@ -43,7 +43,7 @@ import llama_cpp
 from podium.engine.base import EngineOutput, EngineRequest, EngineStats, ModelInfo, TokenLogprob
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
-from podium.errors import EngineError, RateLimited
+from podium.errors import EngineError, InvalidRequestError, RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,42 @@ class _Job:
 
     def emit(self, item: EngineOutput | BaseException) -> None:
         self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+
+
+class _Generation:
+    """One queued request's outputs, in order, ending with the one that carries a finish
+    reason. Closing it early, or dropping it unread, flags the job aborted: the worker drops
+    it at its next step, whether it is still queued or running."""
+
+    def __init__(self, job: _Job, active: dict[str, _Job]):
+        self._job, self._active = job, active
+        self._done = False
+
+    def __aiter__(self) -> "_Generation":
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._job.outputs.get()
+        if isinstance(item, BaseException):
+            self._end()
+            raise EngineError(f"The engine failed: {item}") from item
+        if item.finish_reason is not None:
+            self._end()
+        return item
+
+    async def aclose(self) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self._done:
+            self._done = True
+            self._job.aborted = True
+            self._active.pop(self._job.request.request_id, None)
+
+    def __del__(self) -> None:
+        self._end()
 
 
 @dataclass(eq=False)
@@ -111,7 +147,19 @@ class LlamaCppEngine:
     # -- the boundary -------------------------------------------------------------------
 
     def check_room(self, n: int = 1) -> None:
-        """429 when ``n`` more requests would overflow the queue (called before streaming)."""
+        """Before anything streams: 400 when ``n`` sequences could never be held at once,
+        429 when they cannot be queued now.
+
+        Called on the event loop, with the ``generate`` calls that follow in the same step
+        (no await between them), so the check and the enqueueing are one atomic step: the
+        worker thread only ever frees room.
+        """
+        capacity = self._max_queued + len(self._slots)
+        if n > capacity:
+            raise InvalidRequestError(
+                f"This request needs {n} sequences at once; this server holds at most "
+                f"{capacity} ({len(self._slots)} running, {self._max_queued} queued): ask "
+                f"for fewer choices or prompts", param="n")
         if self.stats["waiting"] + n > self._max_queued + self._free_slots():
             raise RateLimited(f"The server is busy ({self.stats['running']} sequences running, "
                               f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
@@ -119,22 +167,14 @@ class LlamaCppEngine:
     def _free_slots(self) -> int:
         return max(0, len(self._slots) - self.stats["running"])
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    def generate(self, request: EngineRequest) -> "_Generation":
+        """Queue ``request`` now, and return its outputs as an async iterator (closing it, or
+        dropping it, aborts the request)."""
         job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
         self._active[request.request_id] = job
         self._count_waiting(+1)
         self._jobs.put(job)
-        try:
-            while True:
-                item = await job.outputs.get()
-                if isinstance(item, BaseException):
-                    raise EngineError(f"The engine failed: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            job.aborted = True   # a consumer that stops early (disconnect) ends the job
-            self._active.pop(request.request_id, None)
+        return _Generation(job, self._active)
 
     async def abort(self, request_id: str) -> None:
         job = self._active.get(request_id)
