@@ -25,7 +25,9 @@ from podium.server import errors
 from podium.server.lifecycle import Drain
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
+from podium.server.routing import PodiumRoute
 from podium.server.sse import SSEResponse
+from podium.server.watch import unless_gone
 from podium.settings import Settings
 from podium.store.base import NO_OWNER
 from podium.store.sql import SQLStore, data_dir
@@ -82,6 +84,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     app = FastAPI(title="Podium", version="0.1.0", lifespan=lifespan,
                   summary="An OpenAI-compatible API server for open-weight models")
+    app.router.route_class = PodiumRoute
     app.state.engine = engine
     app.state.chat = chat
     app.state.completions = CompletionService(engine, settings)
@@ -120,16 +123,16 @@ def _owner(request: Request) -> str:
 def _routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions", responses=_STREAMING)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return respond(await request.app.state.chat.create(body))
+        return respond(await unless_gone(request, request.app.state.chat.create(body)))
 
     @app.post("/v1/completions", responses=_STREAMING)
     async def completions(body: CompletionRequest, request: Request):
-        return respond(await request.app.state.completions.create(body))
+        return respond(await unless_gone(request, request.app.state.completions.create(body)))
 
     @app.post("/v1/responses", responses=_STREAMING)
     async def create_response(body: ResponsesRequest, request: Request):
-        return respond(await request.app.state.responses.create(body, _owner(request)),
-                       responses_api=True)
+        return respond(await unless_gone(request, request.app.state.responses.create(
+            body, _owner(request))), responses_api=True)
 
     @app.get("/v1/responses/{response_id}", responses=_STREAMING)
     async def get_response(response_id: str, request: Request, stream: bool = False,

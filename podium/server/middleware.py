@@ -84,6 +84,11 @@ class RequestMiddleware:
             await self.app(scope, capture if self._capture else receive, send_with_id)
         finally:
             telemetry.CURRENT.reset(token)
+            if not record.status and record.error_type is None:
+                # an unhandled exception: answered (500) by the outermost handler, outside
+                # this record, so counted here
+                record.error_type = "server_error"
+                self._metrics.errors.labels("server_error").inc()
             self._metrics.requests.labels(record.endpoint, str(record.status or 500)).inc()
             if record.endpoint not in OPEN_PATHS:
                 telemetry.access_log.info(record.line(self._json))

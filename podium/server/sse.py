@@ -72,7 +72,16 @@ class SSEResponse(Response):
         self.raw_headers = list(HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.raw_headers})
+            await self._serve(scope, receive, send)
+        finally:
+            # a stream ended before it began still holds its queued engine requests
+            with anyio.CancelScope(shield=True):
+                await self._events.aclose()
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         drain = getattr(getattr(scope.get("app"), "state", None), "drain", None)
         async with anyio.create_task_group() as group:
             stream_scope = anyio.CancelScope()
@@ -87,7 +96,7 @@ class SSEResponse(Response):
             group.start_soon(stream_then_stop)
             unwatch = drain.watch(stream_scope.cancel) if drain is not None else None
             try:
-                await _until_disconnect(receive)
+                await until_disconnect(receive)
             finally:
                 if unwatch is not None:
                     unwatch()
@@ -113,6 +122,7 @@ class SSEResponse(Response):
         await send({"type": "http.response.body", "body": self._done, "more_body": False})
 
 
-async def _until_disconnect(receive: Receive) -> None:
+async def until_disconnect(receive: Receive) -> None:
+    """Return when the client has gone (the request body has been read by then)."""
     while (await receive())["type"] != "http.disconnect":
         pass

@@ -61,6 +61,37 @@ def test_stop_signal_ends_streams_in_band_and_exits_cleanly(tmp_path, sig):
     assert error["code"] == "server_shutting_down"
 
 
+def test_stop_signal_ends_a_non_streamed_request_after_the_grace_period(tmp_path):
+    """A non-streamed request still generating when SIGTERM comes is ended with a 503 once
+    the grace period is over (not generated to max_tokens while the server waits)."""
+    proc, url = start(tmp_path, "--shutdown-grace", "1")
+    answer, asked = {}, threading.Event()
+    body = {"model": MODEL, "max_tokens": 1500, "logit_bias": {"151645": -100, "151643": -100},
+            "messages": [{"role": "user", "content": "Write a very long essay."}]}
+
+    def ask():
+        asked.set()
+        answer["r"] = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    assert asked.wait(5)
+    for _ in range(100):                       # until the engine is generating for it
+        if httpx.get(f"{url}/health").json()["engine"]["running"] == 1:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    begun = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    asker.join(60)
+    output, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - begun < 10, output        # 1,500 tokens would take ~40 s
+    assert proc.returncode in (0, -signal.SIGTERM), output
+    assert "Traceback" not in output
+    r = answer["r"]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down"
+
+
 def test_stop_signal_while_idle_exits_promptly(tmp_path):
     """An idle server sleeps without ticking; a stop signal still wakes it at once, both
     right after traffic (memory not yet given back) and once it has settled."""

@@ -36,10 +36,30 @@ def test_broken_bytes_are_400(client, raw):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_lone_surrogates_in_strings(client):
-    raw = json.dumps(chat(messages=[{"role": "user", "content": "bad \ud800 half"}]))
-    r = post_raw(client, raw.encode())
-    assert r.status_code == 200
+LONE = "bad \ud800 half"      # valid JSON, but no UTF-8 text: Python holds it, cannot encode it
+
+
+@pytest.mark.parametrize("url,body", [
+    (CHAT, chat(messages=[{"role": "user", "content": LONE}])),
+    (CHAT, chat(model=LONE)),
+    ("/v1/responses", {"model": SERVED, "input": LONE}),
+    ("/v1/responses", {"model": SERVED, "input": "hi", "instructions": LONE}),
+    ("/v1/responses", {"model": SERVED, "input": "hi", "metadata": {"k": LONE}}),
+    ("/v1/responses", {"model": SERVED, "input": "hi", "previous_response_id": LONE}),
+    ("/v1/completions", {"model": SERVED, "prompt": LONE, "echo": True, "max_tokens": 2}),
+])
+def test_lone_surrogates_are_400_at_the_edge(client, url, body):
+    r = client.post(url, content=json.dumps(body).encode(),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "JSON" in r.json()["error"]["message"]
+
+
+def test_escaped_surrogate_pairs_are_text(client):
+    raw = json.dumps(chat(messages=[{"role": "user", "content": "smile \U0001F600"}]))
+    assert "\\ud83d\\ude00" in raw
+    assert post_raw(client, raw.encode()).status_code == 200
 
 
 @pytest.mark.parametrize("depth", [50, 3000])
