@@ -41,7 +41,7 @@ def test_hf_helpers_and_kwargs():
     template = ChatTemplate(
         "{{ bos_token }}{{ strftime_now('%Y') }}|{{ flag }}|{{ {'a': '<b>'} | tojson }}"
         "{% generation %}G{% endgeneration %}", bos_token="<s>")
-    assert template.render([], flag="on") == f"<s>{datetime.now().year}|on|{{\"a\": \"<b>\"}}G"
+    assert template.render([], extra={"flag": "on"}) == f"<s>{datetime.now().year}|on|{{\"a\": \"<b>\"}}G"
 
 
 def test_raise_exception_becomes_a_400():
