@@ -6,9 +6,13 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from podium.errors import ModelFilesError
 from podium.settings import Settings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 USAGE = """usage: podium <command> [options]
 
@@ -30,9 +34,21 @@ def served_name(settings: Settings, path: Path) -> str:
     return path.stem
 
 
-def serve(settings: Settings) -> None:
+def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
+    """The uvicorn configuration ``podium serve`` runs ``app`` with."""
     import uvicorn
 
+    from podium.server.http import HTTPLimits, guarded_http
+
+    limits = HTTPLimits(settings.max_header_bytes, settings.header_timeout,
+                        settings.body_timeout, settings.body_min_rate)
+    return uvicorn.Config(app, host=settings.host, port=settings.port,
+                          log_level=settings.log_level, access_log=False,
+                          timeout_graceful_shutdown=settings.shutdown_grace + 5,
+                          http=guarded_http(limits))
+
+
+def serve(settings: Settings) -> None:
     from podium.engine.llamacpp.engine import LlamaCppEngine
     from podium.engine.llamacpp.model_files import resolve_model
     from podium.server.app import create_app
@@ -52,10 +68,7 @@ def serve(settings: Settings) -> None:
              engine.info.context_length)
     log.info("settings: %s", json.dumps(settings.redacted()))
     app = create_app(settings, engine)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port,
-                            log_level=settings.log_level, access_log=False,
-                            timeout_graceful_shutdown=settings.shutdown_grace + 5)
-    Server(config, app.state.drain, settings.shutdown_grace).run()
+    Server(uvicorn_config(settings, app), app.state.drain, settings.shutdown_grace).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,18 @@ class Settings:
     cors_origins: list[str] = _opt(
         (), "Origins allowed by CORS ('*' for any); repeat for several.", multiple=True)
     max_body_bytes: int = _opt(8 * 1024 * 1024, "Largest request body accepted (413 beyond).")
+    max_header_bytes: int = _opt(
+        64 * 1024, "Largest request head (request line and headers) accepted; past it 431 "
+        "and the connection is closed (0: no limit).")
+    header_timeout: int = _opt(
+        30, "Seconds a client has to send a whole request head, from connecting or from its "
+        "first byte after the previous request; then the connection is closed (0: no limit).")
+    body_timeout: int = _opt(
+        30, "Seconds a request body may stall (no data, or that far behind --body-min-rate) "
+        "before the connection is closed (0: no limit).")
+    body_min_rate: int = _opt(
+        1024, "Slowest average pace, in bytes a second, a request body may keep to (with "
+        "--body-timeout seconds of slack; 0: any pace).")
     max_concurrent_requests: int = _opt(
         512, "Generating requests served at once; past it 429 with Retry-After (0: no limit).")
     rate_limit_per_minute: int = _opt(
