@@ -303,6 +303,22 @@ _METHOD_SIZES: dict[str, Callable[..., int]] = {
     "translate": _translate_size}
 
 
+def _split_items(text: Any, sep: Any = None, maxsplit: int = -1) -> int:
+    pieces = len(text) // 2 + 1 if sep is None else text.count(sep) + 1
+    return pieces if maxsplit < 0 else min(pieces, maxsplit + 1)
+
+
+def _splitlines_items(text: Any, keepends: bool = False) -> int:
+    if isinstance(text, bytes):
+        return text.count(b"\n") + text.count(b"\r") + 1
+    return sum(map(text.count, "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")) + 1
+
+
+# Methods that build a list: sized before they run, as its strings cost far more than a slot.
+_METHOD_ITEMS: dict[str, Callable[..., int]] = {
+    "split": _split_items, "rsplit": _split_items, "splitlines": _splitlines_items}
+
+
 def _check_method(method: Any, args: tuple, kwargs: dict, limits: TemplateLimits) -> tuple:
     """Size arguments of str, bytes and int methods (``center``, ``zfill``, ``to_bytes``...)
     cannot exceed the value limit, and the amplifying methods are sized before they run.
@@ -310,12 +326,17 @@ def _check_method(method: Any, args: tuple, kwargs: dict, limits: TemplateLimits
     for arg in (*args, *kwargs.values()):
         _require(not isinstance(arg, int) or arg <= limits.value_chars, "a size argument of",
                  limits.value_chars, "characters")
-    size = _METHOD_SIZES.get(method.__name__)
-    if size is not None and isinstance(method.__self__, (str, bytes)):
-        if method.__name__ == "join" and args and not isinstance(args[0], abc.Sized):
-            args = (list(args[0]), *args[1:])
-        _require(size(method.__self__, *args, **kwargs) <= limits.value_chars,
-                 f"{method.__name__}() building a string of", limits.value_chars, "characters")
+    name, text = method.__name__, method.__self__
+    if not isinstance(text, (str, bytes)):
+        return args
+    if name == "join" and args and not isinstance(args[0], abc.Sized):
+        args = (list(args[0]), *args[1:])
+    if name in _METHOD_SIZES:
+        _require(_METHOD_SIZES[name](text, *args, **kwargs) <= limits.value_chars,
+                 f"{name}() building a string of", limits.value_chars, "characters")
+    elif name in _METHOD_ITEMS:
+        _require(_METHOD_ITEMS[name](text, *args, **kwargs) <= limits.value_items,
+                 f"{name}() building a list of", limits.value_items, "items")
     return args
 
 
