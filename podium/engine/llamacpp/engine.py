@@ -76,7 +76,11 @@ class _Generation:
     async def __anext__(self) -> EngineOutput:
         if self._done:
             raise StopAsyncIteration
-        item = await self._job.outputs.get()
+        try:
+            item = await self._job.outputs.get()
+        except BaseException:           # the consumer was cancelled: nobody reads on
+            self._end()
+            raise
         if isinstance(item, BaseException):
             self._end()
             raise EngineError(f"The engine failed: {item}") from item
