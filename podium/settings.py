@@ -88,8 +88,9 @@ class Settings:
         None, "Key that signs reasoning handed to clients (encrypted_content); default: one "
         "made once in the data directory. Replicas must share it.")
     # engine
-    ctx_size: int = _opt(8192, "Context window of each sequence in tokens (0: the model's "
-                         "trained length).")
+    ctx_size: int = _opt(0, "Context window of each sequence in tokens (0, the default: the "
+                         "model's trained length, 32768 for the default model, enough for "
+                         "agent clients' long instructions).")
     max_num_seqs: int = _opt(4, "Sequences decoded together in one batch (each with its own "
                              "--ctx-size of KV cache).")
     max_queued_requests: int = _opt(

@@ -1,7 +1,7 @@
 """A real agent client: the Codex CLI completes a turn against Podium on the default model.
 
 Codex speaks the Responses API with ``stream: true`` and ``store: false``, sends about 8k
-tokens of instructions and a dozen tools (``web_search`` among them, which Podium leaves out).
+tokens of instructions and a dozen tools (about 10k tokens in all: more than an 8k context) (``web_search`` among them, which Podium leaves out).
 The CLI comes from the npm registry (cached between runs); this machine kind has npm.
 """
 
@@ -35,13 +35,14 @@ def codex_binary() -> Path:
 
 
 @pytest.fixture(scope="module")
-def long_context_server(tmp_path_factory):
+def default_server(tmp_path_factory):
+    """``podium serve`` exactly as a user starts it: default model, default settings."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("codex-server") / "server.log"
     env = {**os.environ, "PODIUM_DATA_DIR": str(log_path.parent)}
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port),
-                                 "--ctx-size", "32768"], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port)],
+                                env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -55,8 +56,8 @@ def long_context_server(tmp_path_factory):
     proc.wait(timeout=30)
 
 
-def test_codex_exec_completes_a_turn(long_context_server, tmp_path):
-    url, log_path = long_context_server
+def test_codex_exec_completes_a_turn_on_the_defaults(default_server, tmp_path):
+    url, log_path = default_server
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -81,6 +82,8 @@ wire_api = "responses"
     assert result.returncode == 0, output
     assert "tokens used" in output
     assert "stream error" not in output.lower() and "unexpected status" not in output.lower()
+    assert "context window" not in output.lower()           # the defaults hold its prompt
+    assert "reconnecting" not in output.lower()             # nothing was retried
     requests = [line for line in log_path.read_text().splitlines()
                 if "podium.access" in line and 'endpoint="/v1/responses"' in line]
     assert requests and all("status=200" in line for line in requests), requests
