@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from podium.api.chat import ChatService
 from podium.api.conversation import ToolMap, new_item_id, normalize_input, to_messages
-from podium.api.generation import Choice, check_model, run_choices, start
+from podium.api.generation import Choice, check_model, off_loop, run_choices, start
 from podium.api.sealing import Sealer
 from podium.engine.base import Engine
 from podium.errors import (ContextLengthExceeded, InvalidRequestError, NotFoundError,
@@ -117,9 +117,8 @@ class ResponsesService:
         try:
             await self._store.put(record)
         except BaseException:
-            outputs = getattr(plan.choice, "outputs", None)
-            if outputs is not None:         # already queued with the engine: drop it
-                await outputs.aclose()
+            if plan.choice.outputs is not None:     # already queued with the engine: drop it
+                await plan.choice.outputs.aclose()
             raise
 
     async def _plan(self, req: ResponsesRequest, owner: str) -> _Plan:
@@ -133,8 +132,8 @@ class ResponsesService:
         conversation = history + items
         while True:
             try:
-                prompt_tokens, choices = await asyncio.to_thread(
-                    self._chat.prepare, self._chat_request(req, conversation, tools))
+                prompt_tokens, choices = await off_loop(self._prepare, req, conversation,
+                                                        tools)
                 break
             except ContextLengthExceeded:
                 if req.truncation != "auto" or len(conversation) <= 1:
@@ -157,6 +156,11 @@ class ResponsesService:
                 f"Response {response_id!r} is still {previous.status}: continue from it once "
                 f"it has finished", param="previous_response_id")
         return previous.history + _as_input(previous.body.get("output") or [])
+
+    def _prepare(self, req: ResponsesRequest, items: list[dict[str, Any]],
+                 tools: ToolMap) -> tuple[int, list[Choice]]:
+        """The conversation rendered and tokenized (on a worker thread: see ``off_loop``)."""
+        return self._chat.prepare(self._chat_request(req, items, tools))
 
     def _chat_request(self, req: ResponsesRequest, items: list[dict[str, Any]],
                       tools: ToolMap) -> ChatCompletionRequest:
