@@ -18,6 +18,7 @@ import uvicorn
 from podium.engine.llamacpp.model_files import default_model_path
 from podium.engine.scripted import ScriptedEngine
 from podium.server.app import create_app
+from podium.server.http import HTTPLimits, guarded_http
 from podium.server.lifecycle import Server
 from podium.settings import Settings
 
@@ -57,7 +58,8 @@ def main() -> None:
     app = create_app(Settings(max_concurrent_requests=0), engine)
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning",
                             access_log=False, backlog=4096,
-                            loop=os.environ.get("PODIUM_BENCH_LOOP", "auto"))
+                            loop=os.environ.get("PODIUM_BENCH_LOOP", "auto"),
+                            http=guarded_http(HTTPLimits()))    # as `podium serve` runs
     Server(config, app.state.drain, grace=20).run()
 
 
