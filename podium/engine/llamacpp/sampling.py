@@ -15,20 +15,19 @@ import llama_cpp
 import numpy as np
 
 from podium.engine.base import SamplingParams, TokenLogprob
+from podium.errors import InvalidRequestError
+from podium.parsing.constraints import GrammarError, checked
 
 
 class Sampler:
     """A llama.cpp sampler chain for one request; ``close()`` frees it."""
 
     def __init__(self, params: SamplingParams, n_vocab: int, vocab=None):
+        grammar = _grammar_stage(vocab, params.grammar) if params.grammar is not None else None
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params())
         self.seed = params.seed if params.seed is not None else random.getrandbits(32)
-        if params.grammar is not None:
-            grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
-            if not grammar:
-                self.close()
-                raise ValueError("llama.cpp rejected the grammar")
+        if grammar is not None:
             llama_cpp.llama_sampler_chain_add(self._chain, grammar)
         for stage in _stages(params, n_vocab, self.seed):
             llama_cpp.llama_sampler_chain_add(self._chain, stage)
@@ -41,6 +40,20 @@ class Sampler:
         if self._chain:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+
+
+def _grammar_stage(vocab, text: str):
+    """llama.cpp's grammar sampler for ``text``, which must pass ``check_grammar`` first
+    (grammars from ``podium.parsing.constraints`` have): llama.cpp prints a grammar it
+    refuses, whole, to stderr, and can be crashed by one it does not refuse."""
+    try:
+        text = checked(text)
+    except GrammarError as exc:
+        raise InvalidRequestError(f"The output constraint cannot be used: {exc}") from None
+    stage = llama_cpp.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+    if not stage:
+        raise InvalidRequestError("llama.cpp refused the output constraint's grammar")
+    return stage
 
 
 def _stages(p: SamplingParams, n_vocab: int, seed: int) -> list:
