@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from pydantic import TypeAdapter, ValidationError
 
 from podium.errors import InvalidRequestError
+from podium.protocol.chat import TOOL_NAME_PATTERN
 from podium.protocol.responses import InputItem
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,9 @@ UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_in
                      "local_shell", "shell", "apply_patch", "tool_search"}
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}},
                      "required": ["input"]}
+MAX_TOOL_NAME = 128         # the flattened ``ns__fn`` included, as chat's function names
+_TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
+_CHAT_TOOL_PARAM = re.compile(r"^tools\[(\d+)\](?:\.function)?")
 
 
 def new_item_id(prefix: str) -> str:
@@ -69,12 +74,15 @@ class ToolMap:
     def __init__(self, tools: list[dict[str, Any]] | None, strict: bool = False):
         self.chat_tools: list[dict[str, Any]] = []
         self.by_model_name: dict[str, ClientTool] = {}
+        self._where: list[str] = []         # each chat tool's place in the request
         for i, tool in enumerate(tools or ()):
             self._add(tool, None, strict, f"tools[{i}]")
 
     def _add(self, tool: dict[str, Any], namespace: str | None, strict: bool, where: str) -> None:
         kind = tool.get("type")
         if kind == "namespace":
+            if tool.get("name") is not None:
+                _check_name(tool["name"], tool["name"], f"{where}.name")
             for j, inner in enumerate(tool.get("tools") or ()):
                 self._add(inner, tool.get("name"), strict, f"{where}.tools[{j}]")
             return
@@ -87,16 +95,35 @@ class ToolMap:
         if not name:
             raise InvalidRequestError("A tool needs a name", param=f"{where}.name")
         model_name = f"{namespace}__{name}" if namespace else name
+        _check_name(name, model_name, f"{where}.name")
         description = tool.get("description")
         parameters = (tool.get("parameters") or {"type": "object", "properties": {}}
                       if kind == "function" else CUSTOM_PARAMETERS)
+        if not isinstance(parameters, dict):
+            raise InvalidRequestError("A function's parameters must be a JSON schema object",
+                                      param=f"{where}.parameters")
         if kind == "custom":
             description = (description or "") + " (Put the whole input in the 'input' field.)"
         function = {"name": model_name, "parameters": parameters}
         if description:
             function["description"] = description
         self.chat_tools.append({"type": "function", "function": function})
+        self._where.append(where)
         self.by_model_name[model_name] = ClientTool(kind, name, namespace)
+
+    def responses_param(self, param: str | None) -> str | None:
+        """A chat request's parameter (from an error the chat pipeline raised) as the
+        Responses request's: ``tools[k].function.parameters`` becomes the place the k-th
+        tool came from, ``response_format.json_schema.schema`` ``text.format.schema``."""
+        if param is None:
+            return None
+        m = _CHAT_TOOL_PARAM.match(param)
+        if m and int(m.group(1)) < len(self._where):
+            return self._where[int(m.group(1))] + param[m.end():]
+        if param.startswith("response_format"):
+            rest = param.removeprefix("response_format").removeprefix(".json_schema")
+            return "text.format" + rest
+        return param
 
     def model_name(self, name: str, namespace: str | None = None) -> str:
         return f"{namespace}__{name}" if namespace else name
@@ -115,6 +142,16 @@ class ToolMap:
             return choice.get("mode") or "auto"
         raise InvalidRequestError(f"tool_choice of type {kind!r} is not supported",
                                   param="tool_choice")
+
+
+def _check_name(name: Any, model_name: Any, where: str) -> None:
+    """Names the model sees (``ns__fn`` for a namespace's function) follow chat's rule."""
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(model_name):
+        raise InvalidRequestError(
+            "Tool names may contain only letters, digits, '_', '-' and '.'", param=where)
+    if len(model_name) > MAX_TOOL_NAME:
+        raise InvalidRequestError(f"Tool names (with their namespace) are limited to "
+                                  f"{MAX_TOOL_NAME} characters", param=where)
 
 
 def _text(content: Any, where: str) -> str:

@@ -100,9 +100,14 @@ Message = Annotated[
     Field(discriminator="role")]
 
 
+# OpenAI's function names, and dotted ones (``files.read``); no quotes or backslashes, which
+# the name would carry into prompts and output grammars.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+
+
 class FunctionDefinition(BaseModel):
     model_config = LENIENT
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, pattern=TOOL_NAME_PATTERN)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

@@ -1,0 +1,179 @@
+"""Constraint input through the APIs: schemas and tool names llama.cpp cannot take are 400s
+naming the parameter, before anything reaches the engine."""
+
+import pytest
+from starlette.testclient import TestClient
+
+from podium.api.conversation import ToolMap
+from podium.server.app import create_app
+from podium.settings import Settings
+from tests.conftest import SERVED
+
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+HUGE = {"type": "string", "pattern": "^a{1,30000}$"}      # crashed the server
+BAD_SCHEMAS = [HUGE, {"type": "string", "pattern": "^a{1,3000}$"},
+               {"type": "string", "maxLength": 5000}, {"enum": []},
+               {"type": "string", "pattern": "^\\d+$"}]
+BAD_NAMES = ['get"weather', "get\\weather", "get weather", "{{ x }}", "get\nweather"]
+
+
+def params_with(schema):
+    return {"type": "object", "properties": {"q": schema}, "required": ["q"]}
+
+
+def chat(**extra):
+    return {"model": SERVED, "messages": [{"role": "user", "content": "Hi"}], **extra}
+
+
+def chat_tools(schema):
+    return [{"type": "function", "function": {"name": "ok", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "lookup", "parameters": params_with(
+                schema)}}]
+
+
+def responses(**extra):
+    return {"model": SERVED, "input": "Hi", "store": False, **extra}
+
+
+def responses_tools(schema):
+    return [{"type": "function", "name": "ok", "parameters": {"type": "object"}},
+            {"type": "function", "name": "lookup", "parameters": params_with(schema)}]
+
+
+@pytest.fixture
+def served(scripted, tmp_path):
+    """A client (lifespan running) and its scripted engine, which records what it is sent."""
+    engine = scripted(["{}"])
+    settings = Settings(store_url=f"sqlite:///{tmp_path / 'r.db'}")
+    with TestClient(create_app(settings, engine), raise_server_exceptions=False) as client:
+        yield client, engine
+
+
+def refused(r, param=None):
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@pytest.mark.parametrize("schema", BAD_SCHEMAS)
+def test_chat_response_format(served, schema):
+    client, engine = served
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    refused(client.post(CHAT, json=chat(response_format=fmt)),
+            "response_format.json_schema.schema")
+    assert not engine.requests
+
+
+@pytest.mark.parametrize("schema", BAD_SCHEMAS)
+def test_chat_tools_required(served, schema):
+    client, engine = served
+    error = refused(client.post(CHAT, json=chat(tools=chat_tools(schema),
+                                                tool_choice="required")))
+    assert error["param"].startswith("tools") and "'lookup'" in error["message"]
+    assert not engine.requests
+    # a tool the model may or may not call is only shown to it: no grammar, no limits
+    r = client.post(CHAT, json=chat(tools=chat_tools(schema), tool_choice="auto"))
+    assert r.status_code == 200, r.text
+    assert engine.requests[-1].sampling.grammar is None
+
+
+@pytest.mark.parametrize("schema", BAD_SCHEMAS)
+def test_responses_text_format(served, schema):
+    client, engine = served
+    fmt = {"format": {"type": "json_schema", "name": "x", "schema": schema}}
+    error = refused(client.post(RESPONSES, json=responses(text=fmt)))
+    assert error["param"]
+    assert not engine.requests
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_refuse_instead_of_failing(served, stream):
+    client, _ = served
+    fmt = {"format": {"type": "json_schema", "name": "x", "schema": HUGE}}
+    r = client.post(RESPONSES, json=responses(text=fmt, stream=stream))
+    refused(r)          # not a 200 whose response has status "failed"
+
+
+@pytest.mark.parametrize("schema", BAD_SCHEMAS)
+def test_responses_tools_required(served, schema):
+    client, engine = served
+    error = refused(client.post(RESPONSES, json=responses(tools=responses_tools(schema),
+                                                          tool_choice="required")))
+    assert error["param"].startswith("tools") and "'lookup'" in error["message"]
+    assert not engine.requests
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_chat_tool_names(served, name):
+    client, engine = served
+    tools = [{"type": "function", "function": {"name": name, "parameters": {}}}]
+    refused(client.post(CHAT, json=chat(tools=tools)), "tools[0].function.name")
+    assert not engine.requests
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+@pytest.mark.parametrize("tools, param", [
+    (lambda n: [{"type": "function", "name": n}], "tools[0].name"),
+    (lambda n: [{"type": "custom", "name": n}], "tools[0].name"),
+    (lambda n: [{"type": "namespace", "name": n, "tools": [{"type": "function", "name": "f"}]}],
+     "tools[0].name"),
+    (lambda n: [{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": n}]}],
+     "tools[0].tools[0].name"),
+])
+def test_responses_tool_names(served, name, tools, param):
+    client, engine = served
+    refused(client.post(RESPONSES, json=responses(tools=tools(name))), param)
+    assert not engine.requests
+
+
+def test_good_names_pass_and_quotes_in_values_are_escaped(served):
+    client, engine = served
+    tools = [{"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"mode": {"enum": ['say "hi"', "back\\slash"]}}}}}
+             for name in ("files.read", "get-weather_2")]
+    r = client.post(CHAT, json=chat(tools=tools, tool_choice="required"))
+    assert r.status_code == 200, r.text
+    grammar = engine.requests[-1].sampling.grammar
+    assert '"\\"say \\\\\\"hi\\\\\\"\\""' in grammar       # the JSON text "say \"hi\"", escaped
+    assert '"\\"back\\\\\\\\slash\\""' in grammar
+
+
+def test_responses_params_map_back_to_the_request():
+    tools = ToolMap([{"type": "function", "name": "a"},
+                     {"type": "namespace", "name": "ns", "tools": [
+                         {"type": "function", "name": "b"}, {"type": "custom", "name": "c"}]}])
+    assert tools.responses_param("tools[2].function.parameters") == "tools[1].tools[1].parameters"
+    assert tools.responses_param("tools[1].function.name") == "tools[1].tools[0].name"
+    assert tools.responses_param("tools") == "tools"
+    assert tools.responses_param("response_format.json_schema.schema") == "text.format.schema"
+    assert tools.responses_param("response_format") == "text.format"
+    assert tools.responses_param(None) is None
+
+
+# Exact parameters need one-line changes outside this work's files (see the report):
+# chat.py passing each tool's place to tool_call_grammar, responses.py mapping chat params.
+
+@pytest.mark.xfail(strict=True, reason="chat.py does not pass params to tool_call_grammar yet")
+def test_chat_tools_required_names_the_tool(served):
+    client, _ = served
+    refused(client.post(CHAT, json=chat(tools=chat_tools(HUGE), tool_choice="required")),
+            "tools[1].function.parameters")
+
+
+@pytest.mark.xfail(strict=True, reason="responses.py does not map chat params back yet")
+def test_responses_text_format_names_text_format(served):
+    client, _ = served
+    fmt = {"format": {"type": "json_schema", "name": "x", "schema": HUGE}}
+    refused(client.post(RESPONSES, json=responses(text=fmt)), "text.format.schema")
+
+
+@pytest.mark.xfail(strict=True, reason="chat.py and responses.py changes (see above)")
+def test_responses_tools_required_names_the_tool(served):
+    client, _ = served
+    refused(client.post(RESPONSES, json=responses(tools=responses_tools(HUGE),
+                                                  tool_choice="required")),
+            "tools[1].parameters")
