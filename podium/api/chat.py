@@ -142,7 +142,9 @@ class ChatService:
             family = "hermes" if self.tool_family == "hermes" else "json"
             return tool_call_grammar(tool_set(req).schemas, family,
                                      parallel=req.parallel_tool_calls is not False
-                                     and req.tool_choice == "required")
+                                     and req.tool_choice == "required",
+                                     params={t.function.name: f"tools[{i}].function.parameters"
+                                             for i, t in enumerate(req.tools)})
         fmt = req.response_format
         if fmt is None or fmt.type == "text":
             return None

@@ -139,6 +139,9 @@ class ResponsesService:
                 if req.truncation != "auto" or len(conversation) <= 1:
                     raise
                 conversation = _drop_oldest_turn(conversation)
+            except InvalidRequestError as exc:      # name the Responses request's parameter
+                exc.param = tools.responses_param(exc.param)
+                raise
         include = set(req.include or ())
         logprobs = ((req.top_logprobs or 0) if "message.output_text.logprobs" in include
                     else None)

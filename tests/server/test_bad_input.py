@@ -82,11 +82,15 @@ def test_template_injection_in_content_and_tool_names(scripted, client_for):
     engine = scripted(["ok"])
     c = client_for(engine)
     attack = "{{ ''.__class__.__mro__ }}{% for x in range(10**9) %}{% endfor %}"
-    tools = [{"type": "function", "function": {"name": attack[:64], "parameters": {}}}]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
     r = c.post(CHAT, json=chat(messages=[{"role": "user", "content": attack}], tools=tools))
     assert r.status_code == 200
     prompt = engine.tokenizer.decode(engine.requests[-1].prompt_token_ids)
     assert attack in prompt                     # data stays data
+    # a tool name is an identifier (OpenAI's pattern), never template or grammar text
+    tools = [{"type": "function", "function": {"name": attack[:64], "parameters": {}}}]
+    r = c.post(CHAT, json=chat(tools=tools))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.name"
 
 
 def test_prompt_longer_than_the_context(scripted, client_for):

@@ -157,21 +157,18 @@ def test_responses_params_map_back_to_the_request():
 # Exact parameters need one-line changes outside this work's files (see the report):
 # chat.py passing each tool's place to tool_call_grammar, responses.py mapping chat params.
 
-@pytest.mark.xfail(strict=True, reason="chat.py does not pass params to tool_call_grammar yet")
 def test_chat_tools_required_names_the_tool(served):
     client, _ = served
     refused(client.post(CHAT, json=chat(tools=chat_tools(HUGE), tool_choice="required")),
             "tools[1].function.parameters")
 
 
-@pytest.mark.xfail(strict=True, reason="responses.py does not map chat params back yet")
 def test_responses_text_format_names_text_format(served):
     client, _ = served
     fmt = {"format": {"type": "json_schema", "name": "x", "schema": HUGE}}
     refused(client.post(RESPONSES, json=responses(text=fmt)), "text.format.schema")
 
 
-@pytest.mark.xfail(strict=True, reason="chat.py and responses.py changes (see above)")
 def test_responses_tools_required_names_the_tool(served):
     client, _ = served
     refused(client.post(RESPONSES, json=responses(tools=responses_tools(HUGE),

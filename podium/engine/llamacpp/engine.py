@@ -43,7 +43,7 @@ import llama_cpp
 from podium.engine.base import EngineOutput, EngineRequest, EngineStats, ModelInfo, TokenLogprob
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
-from podium.errors import EngineError, InvalidRequestError, RateLimited
+from podium.errors import EngineError, InvalidRequestError, PodiumError, RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ class _Generation:
             raise
         if isinstance(item, BaseException):
             self._end()
+            if isinstance(item, PodiumError):      # the request's own fault, said as such
+                raise item
             raise EngineError(f"The engine failed: {item}") from item
         if item.finish_reason is not None:
             self._end()
