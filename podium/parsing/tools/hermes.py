@@ -23,7 +23,8 @@ class HermesParser(ToolParser):
         super().__init__(tools)
         self._open = Markers(self.OPEN)
         self._state = "text"
-        self._raw = ""            # the call's text so far: content again if it is no call
+        self._raw: list[str] = []  # the call's text until it names its tool: content again
+                                   # if it is no call (pieces: a call can be 400 KB)
 
     def _step(self, buf: str) -> int | None:
         if self._state == "call":
@@ -31,7 +32,7 @@ class HermesParser(ToolParser):
         if self._state == "text":
             used, marker = self.scan_text(buf, self._open)
             if marker is not None:
-                self._state, self._raw = "call", marker
+                self._state, self._raw = "call", [marker]
                 self.start_call_object()
             return used
         return self._after_call(buf)
@@ -39,10 +40,13 @@ class HermesParser(ToolParser):
     def _in_call(self, buf: str) -> int | None:
         outcome, used = self.call_object(buf)
         if outcome == "more":
-            self._raw += buf
+            if self._json.name is None:
+                self._raw.append(buf)
+            else:
+                self._raw.clear()               # named: a call whatever follows
         elif outcome == "no call":              # never a call: what was held is content
             self._state = "text"
-            self.text(self._raw + buf[:used])
+            self.text("".join(self._raw) + buf[:used])
         else:
             self._state = "after"
         return used
@@ -62,6 +66,6 @@ class HermesParser(ToolParser):
 
     def _finish(self, rest: str) -> None:
         if self._state == "call" and self._json.name is None:
-            self.text(self._raw + rest)
+            self.text("".join(self._raw) + rest)
         elif self._state == "text":
             self.text(rest)
