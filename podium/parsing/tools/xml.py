@@ -70,8 +70,8 @@ class Qwen3CoderParser(ToolParser):
         self._state = "text"
         self._raw = ""
         self._param = ""
-        self._value = ""          # the current parameter's text (leading newline dropped)
-        self._sent = 0            # how much of a string value has been streamed
+        self._value = ""          # the current parameter's undecided tail (see _s_value)
+        self._kept: list[str] = []    # a non-string value's decided text, in pieces
         self._search = 0          # where to look for the next </parameter> in _value
         self._n_params = 0
         self._is_string = True
@@ -143,18 +143,21 @@ class Qwen3CoderParser(ToolParser):
         self._is_string = is_string_type(kind)
         if self._is_string:
             self.call_args('"')
-        self._value, self._sent, self._search, self._lead = "", 0, 0, True
+        self._value, self._kept, self._search, self._lead = "", [], 0, True
         self._state = "value"
 
     def _s_value(self, buf: str) -> int | None:
+        """A value's text. Only its undecided tail stays in ``_value`` (a possible end tag,
+        a newline that may be the last): the rest is streamed or kept at once, so each delta
+        costs the same however long the value (agents write whole files)."""
         used = len(buf)
         if self._lead:                      # the newline after <parameter=...> is layout
             self._lead = False
             buf = buf[1:] if buf.startswith("\n") else buf
         self._value += buf
         end = self._find_end()
-        if end is None:                     # undecided: stream what cannot be the end
-            self._stream(self._safe_end())
+        if end is None:                     # undecided: pass on what cannot be the end
+            self._decide(self._safe_end())
             return used
         value_end, resume = end
         self._finish_value(self._value[:value_end])
@@ -184,18 +187,28 @@ class Qwen3CoderParser(ToolParser):
             end -= 1                        # a trailing newline may be the last one, dropped
         return end
 
-    def _stream(self, end: int) -> None:
-        if self._is_string and end > self._sent:
-            self.call_args(_escaped(self._value[self._sent:end]))
-            self._sent = end
-
-    def _finish_value(self, value: str) -> None:
-        if value.endswith("\n"):
-            value = value[:-1]
+    def _decide(self, end: int) -> None:
+        """``_value[:end]`` is the value's for sure: stream it (a string) or keep it."""
+        if end <= 0:
+            return
         if self._is_string:
-            self._stream(len(value))
+            self.call_args(_escaped(self._value[:end]))
+        else:
+            self._kept.append(self._value[:end])
+        self._value = self._value[end:]
+        self._search = max(0, self._search - end)
+
+    def _finish_value(self, tail: str) -> None:
+        """The value ends with ``tail`` (what ``_decide`` left, up to the end tag)."""
+        if tail.endswith("\n"):
+            tail = tail[:-1]
+        if self._is_string:
+            if tail:
+                self.call_args(_escaped(tail))
             self.call_args('"')
             return
+        value = "".join(self._kept) + tail
+        self._kept = []
         kind = self.tools.param_type(self._call.name, self._param)
         self.call_args(json.dumps(typed(value, kind), ensure_ascii=False))
 
@@ -235,6 +248,9 @@ class Glm45Parser(ToolParser):
         self._raw = ""
         self._key = ""
         self._n_args = 0
+        self._tag = ""                  # the open <arg_key> or <arg_value>
+        self._item_text: list[str] = []     # its text so far, in pieces
+        self._ends = {self.KEY: Markers(self.KEY_END), self.VALUE: Markers(self.VALUE_END)}
 
     def _step(self, buf: str) -> int | None:
         return getattr(self, "_s_" + self._state)(buf)
@@ -270,13 +286,11 @@ class Glm45Parser(ToolParser):
         skipped = len(buf) - len(stripped)
         if not stripped:
             return len(buf)
-        for tag, end_tag in ((self.KEY, self.KEY_END), (self.VALUE, self.VALUE_END)):
+        for tag in (self.KEY, self.VALUE):
             if stripped.startswith(tag):
-                close = stripped.find(end_tag)
-                if close < 0:
-                    return None
-                self._item(tag, stripped[len(tag):close])
-                return skipped + close + len(end_tag)
+                self._tag, self._item_text = tag, []
+                self._state = "item"
+                return skipped + len(tag)
         if stripped.startswith(self.CLOSE):
             self._close_call()
             self._state = "text"
@@ -286,6 +300,19 @@ class Glm45Parser(ToolParser):
         self._close_call()
         self._state = "text"
         return skipped
+
+    def _s_item(self, buf: str) -> int | None:
+        """A key's or value's text up to its end tag, looked for in new text only."""
+        end_tag = self._ends[self._tag]
+        pos, marker = end_tag.find(buf)
+        if marker is None:
+            safe = len(buf) - end_tag.held(buf)
+            if safe:
+                self._item_text.append(buf[:safe])
+            return safe or None
+        self._item(self._tag, "".join(self._item_text) + buf[:pos])
+        self._item_text, self._state = [], "args"
+        return pos + len(marker)
 
     def _item(self, tag: str, text: str) -> None:
         if tag == self.KEY:
