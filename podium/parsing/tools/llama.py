@@ -31,7 +31,7 @@ class _StartOfAnswer(ToolParser):
     def __init__(self, tools: ToolSet):
         super().__init__(tools)
         self._state = "start"
-        self._raw = ""
+        self._raw: list[str] = []     # text held while it may be content, in pieces
 
     def _step(self, buf: str) -> int | None:
         return getattr(self, "_s_" + self._state)(buf)
@@ -42,13 +42,13 @@ class _StartOfAnswer(ToolParser):
         if not stripped:
             return None
         if stripped.startswith(PYTHON_TAG):
-            self._raw += buf[:skipped + len(PYTHON_TAG)]
+            self._raw.append(buf[:skipped + len(PYTHON_TAG)])
             return skipped + len(PYTHON_TAG)
         if PYTHON_TAG.startswith(stripped):
             return None
         if stripped[0] != self.opener:
             return self._content(0)
-        self._raw += buf[:skipped]
+        self._raw.append(buf[:skipped])
         return self._begin(skipped)
 
     def _begin(self, skipped: int) -> int:
@@ -56,8 +56,8 @@ class _StartOfAnswer(ToolParser):
 
     def _content(self, used: int, buf: str = "") -> int:
         """Not calls after all: everything held, and all that follows, is content."""
-        self.text(self._raw + buf[:used])
-        self._raw = ""
+        self.text("".join(self._raw) + buf[:used])
+        self._raw = []
         self._state = "text"
         return used
 
@@ -67,7 +67,7 @@ class _StartOfAnswer(ToolParser):
 
     def _finish(self, rest: str) -> None:
         if not self.calls:
-            self.text(self._raw + rest)
+            self.text("".join(self._raw) + rest)
         elif self._state == "text":
             self.text(rest)
 
@@ -82,7 +82,7 @@ class Llama3JsonParser(_StartOfAnswer):
         outcome, used = self.call_object(buf)
         if outcome == "more":
             if not self.calls:
-                self._raw += buf
+                self._raw.append(buf)
             return used
         if outcome == "done":
             self._state = "between"
@@ -138,20 +138,19 @@ class PythonicParser(_StartOfAnswer):
             elif c in ")]}":
                 self._depth -= 1
                 if self._depth == 0:
-                    self._raw += buf[:i + 1]
+                    self._raw.append(buf[:i + 1])
                     return self._parse(i + 1)
-        self._raw += buf
+        self._raw.append(buf)
         return len(buf)
 
     def _parse(self, used: int) -> int:
-        calls = _pythonic_calls(self._raw.strip(_WS).removeprefix(PYTHON_TAG).strip(_WS))
+        raw, self._raw, self._state = "".join(self._raw), [], "text"
+        calls = _pythonic_calls(raw.strip(_WS).removeprefix(PYTHON_TAG).strip(_WS))
         if not calls or not all(self.tools.allows(name) for name, _ in calls):
-            self.text(self._raw)
-            self._raw, self._state = "", "text"
+            self.text(raw)
             return used
         for name, arguments in calls:
             self.emit_whole_call(name, arguments)
-        self._raw, self._state = "", "text"
         return used
 
 
