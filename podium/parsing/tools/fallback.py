@@ -22,12 +22,19 @@ class FallbackJsonParser(ToolParser):
         self._state = "start"
         self._fenced = False
         self._in_list = False
-        self.raw = ""                 # all text seen, while no call has begun
+        self._raw: list[str] = []     # all text seen while no call has begun, in pieces
         self.gave_up = False
+
+    @property
+    def raw(self) -> str:
+        """All text seen while no call had begun (the primary parser's, if this gives up)."""
+        if len(self._raw) > 1:
+            self._raw = ["".join(self._raw)]
+        return self._raw[0] if self._raw else ""
 
     def feed(self, text: str) -> list[Event]:
         if not self.calls:
-            self.raw += text
+            self._raw.append(text)
         return super().feed(text)
 
     def _give_up(self) -> int | None:

@@ -60,7 +60,7 @@ class SectionParser(ToolParser):
         self.fmt = fmt
         self._open = Markers(fmt.section_open)
         self._state = "text"
-        self._raw = ""
+        self._raw: list[str] = []     # markup held while it may be content, in pieces
         self._args: JsonValue | None = None
         self._fresh = False           # just after the section opener
 
@@ -70,12 +70,12 @@ class SectionParser(ToolParser):
     def _s_text(self, buf: str) -> int | None:
         used, marker = self.scan_text(buf, self._open)
         if marker is not None:
-            self._state, self._raw, self._fresh = "section", marker, True
+            self._state, self._raw, self._fresh = "section", [marker], True
         return used
 
     def _content(self, used: int, buf: str) -> int:
-        self.text(self._raw + buf[:used])
-        self._raw, self._state = "", "text"
+        self.text("".join(self._raw) + buf[:used])
+        self._raw, self._state = [], "text"
         return used
 
     def _s_section(self, buf: str) -> int | None:
@@ -100,7 +100,7 @@ class SectionParser(ToolParser):
             return skipped
         for tag, state in ((fmt.call_open, "header"), (fmt.section_close, "text")):
             if stripped.startswith(tag):
-                self._raw += buf[:skipped + len(tag)]
+                self._raw.append(buf[:skipped + len(tag)])
                 self._state = state
                 return skipped + len(tag)
             if tag.startswith(stripped):
@@ -114,7 +114,7 @@ class SectionParser(ToolParser):
             return None if len(buf) < 300 else self._content(len(buf), buf)
         header = buf[:end]
         if self.fmt is DEEPSEEK and header.strip() == "function":     # V3: name follows
-            self._raw += buf[:end + len(self.fmt.header_end)]
+            self._raw.append(buf[:end + len(self.fmt.header_end)])
             self._state = "deepseek_name"
             return end + len(self.fmt.header_end)
         return self._named(self.fmt.name_of(header), buf, end + len(self.fmt.header_end))
@@ -135,7 +135,7 @@ class SectionParser(ToolParser):
         if not self.tools.allows(name):
             return self._content(used, buf)
         self.begin_call(name)
-        self._raw, self._args, self._state = "", JsonValue(), "arguments"
+        self._raw, self._args, self._state = [], JsonValue(), "arguments"
         return used
 
     def _s_arguments(self, buf: str) -> int | None:
@@ -181,7 +181,7 @@ class SectionParser(ToolParser):
         outcome, used = self.call_object(buf)
         if outcome == "more":
             if not self.calls:
-                self._raw += buf
+                self._raw.append(buf)
         elif outcome == "done":
             self._state = "list"
         elif outcome == "no call" and not self.calls:
@@ -195,7 +195,7 @@ class SectionParser(ToolParser):
             self.text(rest)
         elif self._call is None and self._state in ("section", "header", "deepseek_name",
                                                     "list", "list_item") and not self.calls:
-            self.text(self._raw + rest)
+            self.text("".join(self._raw) + rest)
 
 
 def mistral(tools: ToolSet) -> SectionParser:
