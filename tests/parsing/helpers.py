@@ -48,29 +48,32 @@ def run(p: OutputParser, pieces: list[str], finish: str = "stop") -> list:
 
 
 def fold(events: list) -> Folded:
-    """Fold events, checking the streaming contract on the way."""
+    """Fold events, checking the streaming contract on the way (texts joined once: calls
+    of hundreds of KB come in 100,000 deltas)."""
     out, args, begun, ended = Folded(), {}, set(), set()
+    content, reasoning = [], []
     for e in events:
         assert not isinstance(e, (TextDelta, ReasoningDelta)) or e.text, "empty delta"
         if isinstance(e, TextDelta):
-            out.content += e.text
+            content.append(e.text)
         elif isinstance(e, ReasoningDelta):
-            out.reasoning += e.text
+            reasoning.append(e.text)
         elif isinstance(e, ToolCallBegin):
             assert e.index not in begun and e.index == len(begun)
             begun.add(e.index)
-            args[e.index] = ""
+            args[e.index] = []
             out.calls.append((e.name, None))
         elif isinstance(e, ToolCallArgsDelta):
             assert e.index in begun and e.index not in ended
-            args[e.index] += e.text
+            args[e.index].append(e.text)
         elif isinstance(e, ToolCallEnd):
-            assert e.arguments == args[e.index], "deltas must add up to the arguments"
+            assert e.arguments == "".join(args[e.index]), "deltas must add up to the arguments"
             ended.add(e.index)
             out.calls[e.index] = (out.calls[e.index][0], json.loads(e.arguments))
         elif isinstance(e, Finish):
             out.finish = e.reason
     assert begun == ended, "every call begun is ended"
+    out.content, out.reasoning = "".join(content), "".join(reasoning)
     return out
 
 
