@@ -2,14 +2,18 @@
 
 An engine turns prompt token ids into a stream of new token ids. Everything textual
 (detokenizing, stop strings, parsing) happens above this line, so engines stay small.
+
+``Engine`` is all the services, ``/health`` and ``/metrics`` use; every engine satisfies it
+(mypy checks each against it) and ``tests/engine/test_contract.py`` holds every engine to it,
+within the ``Capabilities`` it declares.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator, Literal, Protocol
+from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -81,6 +85,25 @@ class ModelInfo:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an engine does with the parts of a request a stand-in may not honour. An engine
+    that declares a capability false still takes the request, and behaves as stated here."""
+
+    sampling: bool = True       # temperature, seed, penalties, logit bias choose the tokens;
+                                # false: the tokens are fixed (the same for every seed)
+    grammar: bool = True        # ``SamplingParams.grammar`` constrains the output; false: ignored
+    logprobs: bool = True       # from the model's distribution, ``k`` alternatives; false: each
+                                # token certain (0.0), itself its only alternative
+    prefix_cache: bool = True   # ``cached_tokens`` counts prompt tokens reused; false: always 0
+
+
+# The figures every engine keeps (``/health`` shows them all, ``/metrics`` reads them):
+# requests running and waiting now, KV cache tokens held now and at most, and totals of
+# requests started and tokens generated.
+ENGINE_STATS = ("running", "waiting", "kv_tokens", "kv_capacity", "requests", "generated_tokens")
+
+
 class EngineStats(MutableMapping[str, int]):
     """An engine's counters (``/health`` shows them), a fixed set of names read and written
     like a dict, the numbers kept in C integers.
@@ -115,16 +138,41 @@ class EngineStats(MutableMapping[str, int]):
         return f"EngineStats({dict(self)})"
 
 
+class Generation(Protocol):
+    """One request's outputs, in order, the last carrying a finish reason: an async iterator
+    (an async generator is one) that can be closed."""
+
+    def __aiter__(self) -> AsyncIterator[EngineOutput]: ...
+    async def __anext__(self) -> EngineOutput: ...
+    async def aclose(self) -> None:
+        """End the request now (it is aborted if it has not finished)."""
+
+
 class Engine(Protocol):
-    tokenizer: Tokenizer
-    info: ModelInfo
-    stats: EngineStats                  # running, waiting, requests, generated_tokens, ...
+    """An inference engine, as the services see it.
+
+    A request lives from ``generate`` (queued at once: it counts as waiting) until its last
+    output, an ``abort``, or its ``Generation`` being closed or dropped unread; then
+    ``stats["running"]`` and ``stats["waiting"]`` no longer count it.
+    """
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def info(self) -> ModelInfo: ...
+    @property
+    def capabilities(self) -> Capabilities: ...
+    @property
+    def stats(self) -> EngineStats:
+        """At least the ``ENGINE_STATS`` figures."""
 
     def check_room(self, n: int) -> None:
         """Raise ``InvalidRequestError`` (400) if ``n`` requests could never be held at once,
         ``RateLimited`` (429) if they cannot be queued now. Callers queue them (``generate``)
         in the same event-loop step, with no await between."""
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """The request's outputs; closing the iterator early aborts the request."""
-    async def abort(self, request_id: str) -> None: ...
+    def generate(self, request: EngineRequest) -> Generation:
+        """Queue ``request`` now; its outputs. Closing them early, or dropping them unread,
+        aborts the request."""
+    async def abort(self, request_id: str) -> None:
+        """End the request soon: its last output has finish reason ``"abort"``."""
     async def aclose(self) -> None: ...

@@ -3,28 +3,51 @@
 Replies are text or token ids; text goes through a real tokenizer (the GGUF vocabulary of the
 model being imitated), so everything above the engine boundary (detokenizer, stop strings,
 parsers, renderers) runs exactly as with a real model. It honours max tokens, stop token ids
-and aborts, and can be paced (seconds per step, tokens per step). It is not a product path:
-``podium serve`` never builds one.
+and aborts, and can be paced (seconds per step, tokens per step). Given ``max_num_seqs`` it
+runs that many requests at once, queues ``max_queued`` more and refuses the rest, as the
+embedded engine does; by default it takes any number. Its ``Capabilities`` say what a script
+cannot do: sampling, grammars, real log-probabilities, prefix caching. It is not a product
+path: ``podium serve`` never builds one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 from collections import deque
 from pathlib import Path
-from typing import AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable
 
-from podium.engine.base import (EngineOutput, EngineRequest, EngineStats, ModelInfo, TokenLogprob,
-                                Tokenizer)
+from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
+                                EngineStats, FinishReason, ModelInfo, TokenLogprob, Tokenizer)
+from podium.errors import InvalidRequestError, RateLimited
 
 Reply = str | list[int]
 
 
+class _Place:
+    """A request's place in the engine: waiting, then running, then gone, once, however the
+    request ends (its last output, closed, or dropped unread: its frame, the only holder of
+    its place, is freed then)."""
+
+    __slots__ = ("engine", "state", "aborted", "__weakref__")
+
+    def __init__(self, engine: "ScriptedEngine"):
+        self.engine, self.state, self.aborted = engine, "waiting", False
+
+    def __del__(self) -> None:
+        self.engine._leave(self)
+
+
 class ScriptedEngine:
+    capabilities = Capabilities(sampling=False, grammar=False, logprobs=False,
+                                prefix_cache=False)
+
     def __init__(self, tokenizer: Tokenizer, info: ModelInfo,
                  replies: Callable[[EngineRequest], Reply] | Iterable[Reply], *,
-                 delay: float = 0.0, tokens_per_step: int = 1, keep_requests: int = 64):
+                 delay: float = 0.0, tokens_per_step: int = 1, keep_requests: int = 64,
+                 max_num_seqs: int | None = None, max_queued: int = 0):
         self.tokenizer = tokenizer
         self.info = info
         if callable(replies):
@@ -35,16 +58,18 @@ class ScriptedEngine:
         self.delay = delay
         self.tokens_per_step = max(1, tokens_per_step)
         self._eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
-        self._aborted: set[str] = set()
-        # the most recent requests, for tests (a benchmark keeps none: survivors of a load
-        # would pin allocator arenas and distort its memory figures)
+        self._max_num_seqs, self._max_queued = max_num_seqs, max_queued
+        self._places: weakref.WeakValueDictionary[str, _Place] = weakref.WeakValueDictionary()
+        self._freed: list[asyncio.Future[None]] = []    # requests waiting for a place to run
+        # the most recent requests that ran, for tests (a benchmark keeps none: survivors of
+        # a load would pin allocator arenas and distort its memory figures)
         self.requests: deque[EngineRequest] = deque(maxlen=keep_requests)
-        self.stats = EngineStats("running", "waiting", "generated_tokens", "requests")
+        self.stats = EngineStats(*ENGINE_STATS)
 
     @classmethod
     def from_gguf(cls, path: Path, replies: Callable[[EngineRequest], Reply] | Iterable[Reply],
                   *, served_name: str = "scripted", context_length: int = 8192,
-                  **pacing: float) -> "ScriptedEngine":
+                  **options: Any) -> "ScriptedEngine":
         from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 
         model = LlamaModel(path, vocab_only=True)   # kept alive by the tokenizer
@@ -52,7 +77,7 @@ class ScriptedEngine:
         info = ModelInfo(served_name, context_length,
                          model.metadata.get("tokenizer.chat_template"), created=0,
                          metadata=model.metadata)
-        return cls(tokenizer, info, replies, **pacing)
+        return cls(tokenizer, info, replies, **options)
 
     def _script(self, request: EngineRequest) -> list[int]:
         reply = self._reply(request)
@@ -60,33 +85,78 @@ class ScriptedEngine:
         return list(ids) + ([self._eos] if self._eos is not None else [])
 
     def check_room(self, n: int = 1) -> None:
-        """A script has room for any number of requests."""
+        """400 when ``n`` requests exceed ``max_num_seqs`` + ``max_queued``, 429 when they
+        do not fit beside those already queued or running; no limit without ``max_num_seqs``."""
+        if self._max_num_seqs is None:
+            return
+        capacity = self._max_num_seqs + self._max_queued
+        if n > capacity:
+            raise InvalidRequestError(f"This request needs {n} sequences at once; this server "
+                                      f"holds at most {capacity}", param="n")
+        if self.stats["running"] + self.stats["waiting"] + n > capacity:
+            raise RateLimited(f"The server is busy ({self.stats['running']} sequences running, "
+                              f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        self.requests.append(request)
-        self.stats["requests"] += 1
-        self.stats["running"] += 1
+    def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        place = self._places[request.request_id] = _Place(self)
+        self.stats["waiting"] += 1
+        return self._run(request, place)
+
+    async def _run(self, request: EngineRequest, place: _Place
+                   ) -> AsyncGenerator[EngineOutput, None]:
         try:
-            async for out in self._replay(request, self._script(request)):
+            while self._full() and not place.aborted:
+                freed = asyncio.get_running_loop().create_future()
+                self._freed.append(freed)
+                await freed
+            if place.aborted:
+                yield EngineOutput([], finish_reason="abort")
+                return
+            place.state = "running"
+            self.requests.append(request)
+            self.stats["waiting"] -= 1
+            self.stats["running"] += 1
+            self.stats["requests"] += 1
+            async for out in self._replay(request, place, self._script(request)):
                 yield out
         finally:
-            self.stats["running"] -= 1
-            self._aborted.discard(request.request_id)
+            self._leave(place)
 
-    async def _replay(self, request: EngineRequest, script: list[int]
-                      ) -> AsyncIterator[EngineOutput]:
-        params, produced = request.sampling, 0
-        prompt_lp = ([None] + [TokenLogprob(t, 0.0, []) for t in request.prompt_token_ids[1:]]
-                     if request.prompt_logprobs is not None else None)
+    def _full(self) -> bool:
+        return self._max_num_seqs is not None and self.stats["running"] >= self._max_num_seqs
+
+    def _leave(self, place: _Place) -> None:
+        if place.state == "gone":
+            return
+        self.stats[place.state] -= 1        # "waiting" or "running": the figure counting it
+        place.state = "gone"
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let every waiting request look again (whether it may run, or was aborted)."""
+        freed, self._freed = self._freed, []
+        for future in freed:
+            if not future.done() and not future.get_loop().is_closed():
+                future.set_result(None)
+
+    async def _replay(self, request: EngineRequest, place: _Place, script: list[int]
+                      ) -> AsyncGenerator[EngineOutput, None]:
+        params, produced, k = request.sampling, 0, request.logprobs
+        prompt_lp: list[TokenLogprob | None] | None = None
+        if request.prompt_logprobs is not None:
+            top = request.prompt_logprobs
+            prompt_lp = [None] + [TokenLogprob(t, 0.0, [(t, 0.0)][:top])
+                                  for t in request.prompt_token_ids[1:]]
         if params.max_tokens <= 0:
             yield EngineOutput([], None, "length", prompt_lp)
             return
         while True:
             await asyncio.sleep(self.delay)
-            if request.request_id in self._aborted:
+            if place.aborted:
                 yield EngineOutput([], finish_reason="abort")
                 return
-            step, finish = [], None
+            step: list[int] = []
+            finish: FinishReason | None = None
             for token in script[produced:produced + self.tokens_per_step]:
                 step.append(token)
                 produced += 1
@@ -99,8 +169,8 @@ class ScriptedEngine:
             if not step:
                 finish = "stop"
             self.stats["generated_tokens"] += len(step)
-            logprobs = ([TokenLogprob(t, 0.0, [(t, 0.0)][:request.logprobs]) for t in step]
-                        if request.logprobs is not None else None)
+            logprobs = ([TokenLogprob(t, 0.0, [(t, 0.0)][:k]) for t in step]
+                        if k is not None else None)
             yield EngineOutput(step, logprobs, finish, prompt_lp,
                                stopped_by_token=finish == "stop" and bool(step))
             prompt_lp = None
@@ -108,7 +178,15 @@ class ScriptedEngine:
                 return
 
     async def abort(self, request_id: str) -> None:
-        self._aborted.add(request_id)
+        place = self._places.get(request_id)
+        if place is not None:
+            place.aborted = True
+            self._wake()
 
     async def aclose(self) -> None:
         return None
+
+
+if TYPE_CHECKING:
+    def _is_an_engine(engine: ScriptedEngine) -> Engine:
+        return engine                   # mypy: ScriptedEngine satisfies the boundary

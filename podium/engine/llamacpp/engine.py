@@ -36,11 +36,12 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
+from typing import TYPE_CHECKING
 
 import llama_cpp
 
-from podium.engine.base import EngineOutput, EngineRequest, EngineStats, ModelInfo, TokenLogprob
+from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
+                                EngineStats, FinishReason, ModelInfo, TokenLogprob)
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
 from podium.errors import EngineError, InvalidRequestError, PodiumError, RateLimited
@@ -121,6 +122,8 @@ class _Slot:
 
 
 class LlamaCppEngine:
+    capabilities = Capabilities()       # sampling, grammars, logprobs, prefix caching: all
+
     def __init__(self, path: Path, *, served_name: str, n_ctx: int = 8192, n_batch: int = 128,
                  n_threads: int = 0, max_num_seqs: int = 4, max_queued: int = 256,
                  deterministic: bool = True):
@@ -144,8 +147,8 @@ class LlamaCppEngine:
         self._active: dict[str, _Job] = {}
         self._clock = 0
         self._closing = False
-        self.stats = EngineStats("running", "waiting", "generated_tokens", "requests",
-                                 "kv_tokens")
+        self.stats = EngineStats(*ENGINE_STATS)
+        self.stats["kv_capacity"] = self._n_ctx * len(self._slots)
         self._stats_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
         self._worker.start()
@@ -241,16 +244,18 @@ class LlamaCppEngine:
         for job in self._waiting:
             if job.aborted:
                 self._count_waiting(-1)
+                job.emit(EngineOutput([], finish_reason="abort"))
                 continue
             free = [s for s in self._slots if s.job is None]
             if not free:
                 still.append(job)
                 continue
-            self._count_waiting(-1)
             try:
                 self._start(job, free)
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                 job.emit(exc)
+            finally:        # after running counts it: check_room never sees the job in neither
+                self._count_waiting(-1)
         self._waiting = still
 
     def _start(self, job: _Job, free: list[_Slot]) -> None:
@@ -294,16 +299,16 @@ class LlamaCppEngine:
 
     def _prefill_chunk(self, slot: _Slot) -> None:
         """One chunk of ``slot``'s prompt, ending at the next multiple of the chunk size."""
-        scoring = slot.prompt_logprobs is not None
+        scores, job = slot.prompt_logprobs, slot.job
+        assert job is not None                  # the worker prefills busy slots only
         start = len(slot.cached)
         n = min(len(slot.pending), slot.chunk - start % slot.chunk)
         chunk = slot.pending[:n]
-        self._decode([(slot, tok, scoring) for tok in chunk])
-        if scoring:
-            prompt, top = slot.job.request.prompt_token_ids, slot.job.request.prompt_logprobs
-            slot.prompt_logprobs += [
-                token_logprob(logits_row(self._model.ctx, i, self._n_vocab),
-                              prompt[start + i + 1], top) for i in range(n)]
+        self._decode([(slot, tok, scores is not None) for tok in chunk])
+        if scores is not None:
+            prompt, top = job.request.prompt_token_ids, job.request.prompt_logprobs or 0
+            scores += [token_logprob(logits_row(self._model.ctx, i, self._n_vocab),
+                                     prompt[start + i + 1], top) for i in range(n)]
         del slot.pending[:n]
 
     def _decode_step(self, slots: list[_Slot]) -> None:
@@ -311,7 +316,8 @@ class LlamaCppEngine:
         self._decode([(s, s.next_token, True) for s in slots])
         ctx, eog = self._model.ctx, self.tokenizer.eos_token_ids
         for i, slot in enumerate(slots):
-            job = slot.job
+            job, sampler = slot.job, slot.sampler
+            assert job is not None and sampler is not None     # busy slots only
             req, params = job.request, job.request.sampling
             if slot.prompt_logprobs is not None and params.max_tokens <= 0:
                 out = EngineOutput([], None, "length", slot.prompt_logprobs)
@@ -319,7 +325,7 @@ class LlamaCppEngine:
                 job.emit(out)
                 continue
             try:
-                token = slot.sampler.sample(ctx, i)
+                token = sampler.sample(ctx, i)
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = [token_logprob(logits_row(ctx, i, self._n_vocab), token,
@@ -331,7 +337,7 @@ class LlamaCppEngine:
                 continue
             slot.generated += 1
             self.stats["generated_tokens"] += 1
-            finish = None
+            finish: FinishReason | None = None
             if token in params.stop_token_ids or (token in eog and not params.ignore_eos):
                 finish = "stop"
             elif slot.generated >= params.max_tokens or len(slot.cached) + 1 >= self._n_ctx:
@@ -384,3 +390,8 @@ def _aligned_prefix(cached: list[int], prompt: list[int], step: int) -> int:
     while i < n and cached[i] == prompt[i]:
         i += 1
     return i // step * step
+
+
+if TYPE_CHECKING:
+    def _is_an_engine(engine: LlamaCppEngine) -> Engine:
+        return engine                   # mypy: LlamaCppEngine satisfies the boundary
