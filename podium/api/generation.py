@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from podium import telemetry
-from podium.engine.base import Engine, EngineOutput, EngineRequest, SamplingParams
+from podium.engine.base import Engine, EngineRequest, Generation, SamplingParams
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
 from podium.parsing.events import Event
 from podium.parsing.pipeline import OutputParser
@@ -121,7 +121,7 @@ class Choice:
     request: EngineRequest
     pipeline: TextPipeline
     parser: OutputParser | None = None
-    outputs: AsyncIterator[EngineOutput] | None = None
+    outputs: Generation | None = None
 
 
 def start(engine: Engine, choices: list[Choice]) -> None:

@@ -54,7 +54,7 @@ def _gauges(engine: Engine, store: SQLStore) -> dict[str, float]:
     stats = engine.stats
     return {"running_sequences": stats.get("running", 0),
             "queued_sequences": stats.get("waiting", 0),
-            "kv_cache_usage_ratio": stats.get("kv_tokens", 0) / max(1, engine.info.context_length),
+            "kv_cache_usage_ratio": stats["kv_tokens"] / max(1, stats["kv_capacity"]),
             "stored_responses": store.count()}
 
 
