@@ -129,19 +129,12 @@ class ResponsesService:
         tools = ToolMap(req.tools, strict=self._settings.strict_tools)
         if req.tool_choice == "required" and not tools.chat_tools:
             raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice")
-        conversation = history + items
-        while True:
-            try:
-                prompt_tokens, choices = await off_loop(self._prepare, req, conversation,
-                                                        tools)
-                break
-            except ContextLengthExceeded:
-                if req.truncation != "auto" or len(conversation) <= 1:
-                    raise
-                conversation = _drop_oldest_turn(conversation)
-            except InvalidRequestError as exc:      # name the Responses request's parameter
-                exc.param = tools.responses_param(exc.param)
-                raise
+        try:
+            prompt_tokens, choices = await off_loop(self._prepare_fitting, req,
+                                                    history + items, tools)
+        except InvalidRequestError as exc:          # name the Responses request's parameter
+            exc.param = tools.responses_param(exc.param)
+            raise
         include = set(req.include or ())
         logprobs = ((req.top_logprobs or 0) if "message.output_text.logprobs" in include
                     else None)
@@ -164,6 +157,40 @@ class ResponsesService:
                  tools: ToolMap) -> tuple[int, list[Choice]]:
         """The conversation rendered and tokenized (on a worker thread: see ``off_loop``)."""
         return self._chat.prepare(self._chat_request(req, items, tools))
+
+    def _prepare_fitting(self, req: ResponsesRequest, items: list[dict[str, Any]],
+                         tools: ToolMap) -> tuple[int, list[Choice]]:
+        """``_prepare`` of the whole conversation or, with ``truncation: "auto"``, of the
+        longest tail of whole turns that fits the context.
+
+        Shorter tails never need more tokens, so the cut is found by bisection over the turn
+        boundaries: a few renders for any length of history, not one per dropped turn.
+        """
+        try:
+            return self._prepare(req, items, tools)
+        except ContextLengthExceeded:
+            cuts = _turn_starts(items)
+            if req.truncation != "auto" or len(cuts) == 1:
+                raise
+        fits: dict[int, tuple[int, list[Choice]]] = {}
+
+        def attempt(j: int) -> bool:
+            try:
+                fits[j] = self._prepare(req, items[cuts[j]:], tools)
+                return True
+            except ContextLengthExceeded:
+                return False
+
+        low, high = 0, len(cuts) - 1         # cuts[low] does not fit
+        if not attempt(high):
+            return self._prepare(req, items[cuts[high]:], tools)   # raises: nothing fits
+        while high - low > 1:
+            middle = (low + high) // 2
+            if attempt(middle):
+                high = middle
+            else:
+                low = middle
+        return fits[high]
 
     def _chat_request(self, req: ResponsesRequest, items: list[dict[str, Any]],
                       tools: ToolMap) -> ChatCompletionRequest:
@@ -485,12 +512,14 @@ def _as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
-def _drop_oldest_turn(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop items from the front up to the next user message (calls go with their outputs)."""
-    rest = items[1:]
-    while len(rest) > 1 and not (rest[0]["type"] == "message" and rest[0]["role"] == "user"):
-        rest = rest[1:]
-    return rest
+def _turn_starts(items: list[dict[str, Any]]) -> list[int]:
+    """Where truncation may cut, oldest first: the start, each later user message (a turn's
+    calls go with their outputs), and as a last resort the last item alone."""
+    cuts = [0] + [i for i, item in enumerate(items) if i > 0 and item["type"] == "message"
+                  and item["role"] == "user"]
+    if cuts[-1] < len(items) - 1:
+        cuts.append(len(items) - 1)
+    return cuts
 
 
 def _response_format(fmt: Any) -> dict[str, Any] | None:

@@ -296,3 +296,36 @@ def test_text_format_logprobs_and_echoed_fields(app_for):
     for field, value in (("metadata", {"k": "v"}), ("user", "u"), ("prompt_cache_key", "pk"),
                          ("safety_identifier", "s"), ("max_tool_calls", 3)):
         assert body[field] == value
+
+
+def test_truncation_of_a_long_history_takes_a_few_renders(app_for):
+    """200 turns, of which only the last few fit: the cut is found by bisection over turn
+    boundaries (a handful of renders, not one per dropped turn), and it is the same cut as
+    dropping the oldest turn one at a time would reach: the longest tail of whole turns."""
+    c = app_for(["ok"], context=400)
+    items = []
+    for turn in range(200):
+        items += [{"role": "user", "content": f"question {turn} " + "word " * 20},
+                  {"role": "assistant", "content": f"answer {turn}"}]
+    items.append({"role": "user", "content": "last question"})
+    chat = c.app.state.chat
+    renders = []
+    real = chat.prepare
+
+    def counted(request):
+        renders.append(len(request.messages))
+        return real(request)
+
+    chat.prepare = counted
+    r = c.post(URL, json={"model": SERVED, "input": items, "max_output_tokens": 5,
+                          "truncation": "auto"})
+    assert r.status_code == 200, r.text
+    assert len(renders) <= 12                       # 1 + 1 + log2(200) or so; was 195
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    kept = min(t for t in range(200) if f"question {t} " in prompt)
+    assert "last question" in prompt and f"answer {kept}" in prompt
+    # the turn before the kept ones does not fit with them: the tail is the longest one
+    chat.prepare = real
+    longer = items[2 * (kept - 1):]
+    r = c.post(URL, json={"model": SERVED, "input": longer, "max_output_tokens": 5})
+    assert r.json()["error"]["code"] == "context_length_exceeded"
