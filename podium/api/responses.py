@@ -396,7 +396,7 @@ class ResponsesService:
     async def stream_existing(self, response_id: str, starting_after: int,
                               owner: str = NO_OWNER) -> AsyncIterator[dict[str, Any]]:
         record = await self._get(response_id, owner)
-        if not await self._store.events_after(response_id, -1) and record.status in TERMINAL:
+        if record.status in TERMINAL and not await self._store.events_after(response_id, -1, 1):
             raise InvalidRequestError("This response has no event log to stream (it was "
                                       "created without stream or background)",
                                       param="stream")
@@ -418,7 +418,7 @@ class ResponsesService:
             if not events and writer is None:
                 record = await self._store.get(response_id, owner)
                 if record is None or (record.status in TERMINAL and not
-                                      await self._store.events_after(response_id, after)):
+                                      await self._store.events_after(response_id, after, 1)):
                     return
             try:
                 if writer is not None:

@@ -55,8 +55,10 @@ class ResponseStore(Protocol):
         """Add events (each carrying its ``sequence_number``) to the response's log, only
         while the response exists: False, and nothing added, once it has been deleted."""
 
-    async def events_after(self, response_id: str, after: int) -> list[dict[str, Any]]:
-        """Logged events with ``sequence_number`` > ``after``, in order."""
+    async def events_after(self, response_id: str, after: int,
+                           limit: int | None = None) -> list[dict[str, Any]]:
+        """Logged events with ``sequence_number`` > ``after``, in order (the first ``limit``
+        of them when given)."""
 
     async def fail_unfinished(self, message: str) -> list[str]:
         """Mark queued / in-progress responses failed (after a crash), their output rebuilt

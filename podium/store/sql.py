@@ -201,14 +201,16 @@ class SQLStore:
                 db.execute(sa.insert(events), rest)
         return True
 
-    async def events_after(self, response_id: str, after: int) -> list[dict[str, Any]]:
-        return await self._run(self._events_after, response_id, after)
+    async def events_after(self, response_id: str, after: int,
+                           limit: int | None = None) -> list[dict[str, Any]]:
+        return await self._run(self._events_after, response_id, after, limit)
 
-    def _events_after(self, response_id: str, after: int) -> list[dict[str, Any]]:
+    def _events_after(self, response_id: str, after: int,
+                      limit: int | None) -> list[dict[str, Any]]:
+        query = sa.select(events.c.body).where(
+            events.c.response_id == response_id, events.c.seq > after).order_by(events.c.seq)
         with self.engine.connect() as db:
-            rows = db.execute(sa.select(events.c.body).where(
-                events.c.response_id == response_id, events.c.seq > after).order_by(
-                events.c.seq)).all()
+            rows = db.execute(query if limit is None else query.limit(limit)).all()
         return [orjson.loads(r.body) for r in rows]
 
     # -- housekeeping -------------------------------------------------------------------

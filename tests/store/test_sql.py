@@ -185,3 +185,16 @@ def test_postgres_append_waits_for_a_delete_and_adds_nothing(pg_url):
             assert db.execute(sa.text("SELECT count(*) FROM podium_events")).scalar() == 0
     finally:
         store.engine.dispose()
+
+
+def test_events_after_can_stop_at_a_limit(open_store):
+    """Asking whether a log exists reads one row, not the whole log."""
+    store = open_store()
+    events, _ = logged_stream()
+    asyncio.run(store.put(record(status="in_progress")))
+    asyncio.run(store.append_events("resp_1", events))
+    assert len(events) > 3
+    first = asyncio.run(store.events_after("resp_1", -1, 1))
+    assert first == events[:1]
+    assert asyncio.run(store.events_after("resp_1", 0, 2)) == events[1:3]
+    assert asyncio.run(store.events_after("resp_1", -1)) == events
