@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 from podium.api.generation import (Choice, cached_tokens, check_model, choice_seed, new_id,
                                    off_loop, output_budget, run_choices, sampling_params, start,
@@ -47,7 +47,7 @@ class ChatService:
         self.harmony = (Harmony(settings.harmony_vocab_dir)
                         if settings.harmony or is_harmony(engine.info) else None)
 
-    async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
+    async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
         """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
         prompt_tokens, choices = await off_loop(self.prepare, req)
         start(self._engine, choices)
@@ -93,9 +93,10 @@ class ChatService:
                 "(gpt-oss) models: Podium cannot constrain their output; use 'auto'",
                 param="tool_choice")
         tools = None
-        if _offers_tools(req):
+        if req.tools and _offers_tools(req):
             tools = [t.function.model_dump(exclude_none=True) for t in req.tools]
         fmt = req.response_format
+        assert self.harmony is not None         # only called for Harmony models
         return self.harmony.render(
             [_template_message(m, i, raw_arguments=True) for i, m in enumerate(req.messages)],
             tools, req.reasoning_effort,
@@ -112,7 +113,7 @@ class ChatService:
             template = ChatTemplate(req.chat_template, bos_token=tok.bos_token,
                                     eos_token=tok.eos_token, from_request=True)
         tools = None
-        if _offers_tools(req):
+        if req.tools and _offers_tools(req):
             tools = [t.model_dump(exclude_none=True) for t in req.tools]
         return template.render([_template_message(m, i) for i, m in enumerate(req.messages)],
                                tools=tools, add_generation_prompt=req.add_generation_prompt,
@@ -150,7 +151,8 @@ class ChatService:
             return None
         if fmt.type == "json_object":
             return json_object_grammar()
-        return schema_grammar(fmt.json_schema["schema"], "response_format.json_schema.schema")
+        return schema_grammar((fmt.json_schema or {})["schema"],
+                              "response_format.json_schema.schema")
 
     def _output_parser(self, req: ChatCompletionRequest, prompt_text: str) -> OutputParser:
         thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
@@ -163,7 +165,7 @@ class ChatService:
         return OutputParser(reasoning, tools, calls_finish="stop" if named else "tool_calls")
 
     async def _stream(self, req: ChatCompletionRequest, choices: list[Choice],
-                      prompt_tokens: int, cid: str, created: int) -> AsyncIterator[dict]:
+                      prompt_tokens: int, cid: str, created: int) -> AsyncGenerator[dict, None]:
         chunks = ChatChunks(cid, created, req.model, self._engine.tokenizer, req.logprobs,
                             self._settings.reasoning_field)
         for i in range(len(choices)):
@@ -233,8 +235,9 @@ def _template_message(message: Message, index: int, raw_arguments: bool = False
     where = f"messages[{index}]"
     role = "system" if message.role == "developer" else message.role
     out: dict[str, Any] = {"role": role, "content": _text(message.content, where)}
-    if getattr(message, "name", None):
-        out["name"] = message.name
+    name = getattr(message, "name", None)
+    if name:
+        out["name"] = name
     if isinstance(message, ToolMessage):
         out["tool_call_id"] = message.tool_call_id
     if isinstance(message, AssistantMessage):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 from podium.api.generation import (Choice, cached_tokens, check_model, choice_seed, new_id,
                                    off_loop, output_budget, run_choices, sampling_params, start,
@@ -13,7 +13,7 @@ from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
 from podium.parsing.events import Finish
 from podium.protocol.completions import CompletionRequest
-from podium.render.completions import CompletionChunks, CompletionFold
+from podium.render.completions import CompletionChunks, CompletionFold, Echo
 from podium.settings import Settings
 from podium.text.pipeline import TextPipeline
 
@@ -29,12 +29,13 @@ class CompletionService:
         self._engine = engine
         self._settings = settings
 
-    async def create(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[dict]:
+    async def create(self, req: CompletionRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
         engine = self._engine
         check_model(req.model, engine)
         _refuse_unsupported(req)
         prompts = await off_loop(self._prompts, req.prompt)
-        choices, echoes = [], []
+        choices: list[Choice] = []
+        echoes: list[Echo | None] = []
         for p in prompts:
             budget = output_budget(len(p.token_ids), req.max_tokens, engine.info.context_length,
                                    self._settings.max_tokens_cap)
@@ -85,7 +86,7 @@ class CompletionService:
         return Choice(request, TextPipeline(tok, stop_strings(req.stop), want))
 
     async def _stream(self, req: CompletionRequest, choices: list[Choice],
-                      chunks: CompletionChunks, prompt_tokens: int) -> AsyncIterator[dict]:
+                      chunks: CompletionChunks, prompt_tokens: int) -> AsyncGenerator[dict, None]:
         completion_tokens = 0
         async for index, event in run_choices(self._engine, choices):
             if isinstance(event, Finish):

@@ -14,15 +14,15 @@ import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
 
 from podium import telemetry
-from podium.engine.base import Engine, EngineRequest, Generation, SamplingParams
+from podium.engine.base import (Engine, EngineOutput, EngineRequest, Generation,
+                                SamplingParams, TokenLogprob)
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
 from podium.parsing.events import Event
 from podium.parsing.pipeline import OutputParser
 from podium.protocol.common import SamplingFields
-from podium.text.pipeline import TextPipeline
 
 T = TypeVar("T")
 
@@ -112,14 +112,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+class ChoiceStream(Protocol):
+    """What turns one choice's engine outputs into events: the text pipeline (detokenizer,
+    stop strings, logprobs) or, for Harmony models, its token parser."""
+
+    finished: bool                  # the choice ended (finish reason, or a stop string)
+    completion_tokens: int
+    cached_tokens: int              # prompt tokens the engine reused
+    prompt_logprobs: list[TokenLogprob | None] | None
+
+    def feed(self, out: EngineOutput) -> list[Event]: ...
+
+
 @dataclass
 class Choice:
-    """One engine request, the pipeline that turns its tokens into text events, and (chat)
+    """One engine request, the stream that turns its tokens into events, and (text families)
     the output parser that turns text into reasoning, tool calls and content. ``outputs`` is
     the engine's stream once ``start`` has queued the request."""
 
     request: EngineRequest
-    pipeline: TextPipeline
+    pipeline: ChoiceStream
     parser: OutputParser | None = None
     outputs: Generation | None = None
 

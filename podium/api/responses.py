@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable
 
 from pydantic import ValidationError
 
@@ -91,7 +91,7 @@ class ResponsesService:
     # -- create -------------------------------------------------------------------------
 
     async def create(self, req: ResponsesRequest, owner: str = NO_OWNER
-                     ) -> dict[str, Any] | AsyncIterator[dict]:
+                     ) -> dict[str, Any] | AsyncGenerator[dict, None]:
         check_model(req.model, self._engine)
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored (store: true)",
@@ -240,17 +240,17 @@ class ResponsesService:
                                seal=self._sealer.seal if plan.seal else None)
 
     async def _events(self, plan: _Plan, builder: ResponseBuilder,
-                      seq: Sequencer) -> AsyncIterator[dict[str, Any]]:
+                      seq: Sequencer) -> AsyncGenerator[dict[str, Any], None]:
         """The response's stream events, stamped, from created to the terminal event."""
         for event in seq.stamp(builder.start()):
             yield event
         finish = None
         try:
-            async for _, event in run_choices(self._engine, [plan.choice]):
-                if isinstance(event, Finish):
-                    finish = event
+            async for _, semantic in run_choices(self._engine, [plan.choice]):
+                if isinstance(semantic, Finish):
+                    finish = semantic
                     continue
-                for out in seq.stamp(builder.event(event)):
+                for out in seq.stamp(builder.event(semantic)):
                     yield out
         except PodiumError as exc:
             log.error("response %s failed: %s", plan.response["id"], exc.message)
@@ -285,7 +285,7 @@ class ResponsesService:
             await self._store.update(plan.response["id"], builder.response)
         return builder.response
 
-    async def _stream(self, plan: _Plan, store: bool) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, plan: _Plan, store: bool) -> AsyncGenerator[dict[str, Any], None]:
         rid = plan.response["id"]
         builder, seq = self._builder(plan), Sequencer()
         writer = self._open_log(rid) if store else None
@@ -394,7 +394,7 @@ class ResponsesService:
         return record
 
     async def stream_existing(self, response_id: str, starting_after: int,
-                              owner: str = NO_OWNER) -> AsyncIterator[dict[str, Any]]:
+                              owner: str = NO_OWNER) -> AsyncGenerator[dict[str, Any], None]:
         record = await self._get(response_id, owner)
         if record.status in TERMINAL and not await self._store.events_after(response_id, -1, 1):
             raise InvalidRequestError("This response has no event log to stream (it was "
@@ -403,7 +403,7 @@ class ResponsesService:
         return self.follow(response_id, starting_after, owner)
 
     async def follow(self, response_id: str, after: int,
-                     owner: str) -> AsyncIterator[dict[str, Any]]:
+                     owner: str) -> AsyncGenerator[dict[str, Any], None]:
         """The logged events after ``after``, then live ones, up to the terminal event."""
         while True:
             events = await self._store.events_after(response_id, after)

@@ -52,7 +52,7 @@ class HarmonyPipeline:
         self.completion_tokens = 0
         self.reasoning_tokens = 0
         self.finished = False
-        self.prompt_logprobs = None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.cached_tokens = 0
 
     def feed(self, out: EngineOutput) -> list[Event]:

@@ -94,10 +94,11 @@ class ResponseBuilder:
             return self._close() + self._open_call(event)
         if isinstance(event, ToolCallArgsDelta):
             self._parts.append(event.text)
-            if self._item["type"] != "function_call":
+            item = self._item
+            if item is None or item["type"] != "function_call":
                 return []
             return [{"type": "response.function_call_arguments.delta",
-                     "item_id": self._item["id"], "output_index": self._index(),
+                     "item_id": item["id"], "output_index": self._index(),
                      "delta": event.text}]
         if isinstance(event, ToolCallEnd):
             return self._close()
@@ -172,6 +173,7 @@ class ResponseBuilder:
                            logprobs=logprobs)
 
     def _delta(self, kind: str, text: str, **extra: Any) -> list[Obj]:
+        assert self._item is not None           # deltas follow the item they belong to
         return [{"type": kind, "item_id": self._item["id"], "output_index": self._index(),
                  "delta": text, **extra}]
 
@@ -261,7 +263,7 @@ def recover(events: Iterable[Obj]) -> tuple[list[Obj], list[Obj]]:
     output: list[Obj] = []
     cut: dict[int, _Cut] = {}
     for event in events:
-        kind, index = event["type"], event.get("output_index")
+        kind, index = event["type"], event.get("output_index", -1)
         if kind == "response.output_item.added":
             output.append(copy.deepcopy(event["item"]))
             cut[index] = _Cut()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncGenerator, AsyncIterator, Literal
 
 import orjson
 from fastapi import FastAPI, Query, Request
@@ -33,12 +33,12 @@ from podium.store.base import NO_OWNER
 from podium.store.sql import SQLStore, data_dir
 from podium.telemetry import Metrics
 
-_ERRORS = {status: {"description": text, "content": {"application/json": {"example": error_body(
+_ERRORS: dict[int | str, dict[str, Any]] = {status: {"description": text, "content": {"application/json": {"example": error_body(
     text, "invalid_request_error")}}} for status, text in [
     (400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model"),
     (413, "Request body too large"), (429, "Too many requests (see Retry-After)")]}
 # generating endpoints answer with JSON, or with server-sent events when streaming
-_STREAMING = {**_ERRORS, 200: {"description": "The answer (JSON), or its events (SSE)",
+_STREAMING: dict[int | str, dict[str, Any]] = {**_ERRORS, 200: {"description": "The answer (JSON), or its events (SSE)",
                                "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
@@ -58,7 +58,7 @@ def _gauges(engine: Engine, store: SQLStore) -> dict[str, float]:
             "stored_responses": store.count()}
 
 
-def respond(result: dict | AsyncIterator[dict], *, responses_api: bool = False
+def respond(result: dict | AsyncGenerator[dict, None], *, responses_api: bool = False
             ) -> Response | SSEResponse:
     if isinstance(result, dict):
         return json_response(result)

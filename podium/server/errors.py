@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -39,25 +40,29 @@ def _location(loc: tuple) -> str:
     return out
 
 
-async def on_podium_error(_: Request, exc: PodiumError) -> Response:
+async def on_podium_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, PodiumError)     # registered for PodiumError
     if exc.status_code >= 500:
         log.error("request failed: %s", exc.message)
     return error_response(exc.status_code, exc.to_body(), headers=exc.headers)
 
 
-async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
+async def on_validation_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "Invalid request"}
-    param = _location(tuple(first.get("loc", ())))
+    first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "Invalid request"}
+    param: str | None = _location(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
-        message, param = f"The request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+        detail = (first.get("ctx") or {}).get("error", "")
+        message, param = f"The request body is not valid JSON: {detail}", None
     else:
         message = "; ".join(f"{_location(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}"
                             for e in errors[:5])
     return error_response(400, error_body(message, "invalid_request_error", param or None))
 
 
-async def on_http_error(_: Request, exc: HTTPException) -> Response:
+async def on_http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     message = exc.detail if isinstance(exc.detail, str) else "Request failed"
     if exc.status_code == 404:

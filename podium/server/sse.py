@@ -10,7 +10,7 @@ engine request (abort), instead of waiting for the next write to fail.
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 import anyio
 import orjson
@@ -61,7 +61,7 @@ def error_event_frame(exc: BaseException) -> bytes:
 class SSEResponse(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[Any], *, responses_api: bool = False):
+    def __init__(self, events: AsyncGenerator[Any, None], *, responses_api: bool = False):
         """``responses_api``: named events, an ``error`` event on failure, no ``[DONE]``."""
         self._events = events
         self._frame = named_frame if responses_api else frame
