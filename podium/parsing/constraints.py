@@ -281,7 +281,7 @@ class _SchemaCheck:
             if key in node and (not isinstance(value, int) or isinstance(value, bool)
                                 or value < 0):
                 self.fail(where, f"{key} must be a non-negative integer")
-            if key in node and value > MAX_REPETITION:
+            if key in node and isinstance(value, int) and value > MAX_REPETITION:
                 self.fail(where, f"{key} is {value}; Podium constrains output to at most "
                                  f"{MAX_REPETITION} repetitions")
         if low in node and high in node and node[low] > node[high]:
@@ -441,11 +441,13 @@ class _GbnfParser:
 
     @staticmethod
     def _tokens(text: str) -> list[tuple[str, str]]:
-        tokens, pos, end = [], 0, len(text)
+        tokens: list[tuple[str, str]] = []
+        pos, end = 0, len(text)
         while pos < end:
             m = _TOKEN.match(text, pos)
-            if m is None:
-                pos = _SPACE.match(text, pos).end()
+            if m is None or m.lastgroup is None:
+                space = _SPACE.match(text, pos)
+                pos = space.end() if space is not None else pos
                 if pos < end:
                     raise GrammarError(f"unexpected character {text[pos]!r}")
                 break

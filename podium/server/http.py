@@ -144,7 +144,8 @@ class GuardedHTTP(asyncio.Protocol):
             self._body_moved(len(data))
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
+        self._inner.eof_received()
+        return None             # uvicorn's protocols never keep a half-closed transport open
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()

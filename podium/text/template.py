@@ -406,8 +406,8 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = N
     """``json.dumps`` as HF calls it. Values too big to be sure of the result's size are
     encoded piecewise (about 6x slower), so a large result stops early."""
     limits = _budget().limits
-    options = dict(ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                   sort_keys=sort_keys)
+    options: dict[str, Any] = dict(ensure_ascii=ensure_ascii, indent=indent,
+                                   separators=separators, sort_keys=sort_keys)
     step = len(indent) if isinstance(indent, str) else (indent or 0)
     _require(step * limits.value_depth <= limits.value_chars, "a tojson indent of",
              limits.value_chars // limits.value_depth, "characters")
@@ -588,7 +588,7 @@ class _Checkpoints(NodeTransformer):
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         self.generic_visit(node)
-        node.iter = _filter(node.iter, "podium_iterate")
+        node.iter = _filter(node.iter, "podium_iterate")  # type: ignore[arg-type]
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
@@ -706,7 +706,7 @@ class ChatTemplate:
             _BUDGET.reset(token)
 
     def _generate(self, context: dict[str, Any], budget: _Budget) -> str:
-        chunks = self._template.generate(context)
+        chunks = self._template.generate(context)     # a generator: closed below
         try:
             out = []
             for chunk in chunks:
@@ -714,4 +714,4 @@ class ChatTemplate:
                 out.append(chunk)
             return "".join(out)
         finally:
-            chunks.close()
+            chunks.close()  # type: ignore[attr-defined]
