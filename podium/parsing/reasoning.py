@@ -19,6 +19,7 @@ class ReasoningParser:
         self._close = Markers(close_tag)
         self._state = "reasoning" if inside else "start"
         self._buf = ""
+        self._lead: list[str] = []  # blank text at the start, before we know what follows
         self.finished = False       # reasoning is over and nothing is held: all is content
 
     @classmethod
@@ -38,7 +39,8 @@ class ReasoningParser:
         return out
 
     def flush(self) -> list[Event]:
-        rest, self._buf = self._buf, ""
+        rest, self._buf = "".join(self._lead) + self._buf, ""
+        self._lead = []
         if not rest or self._state == "after":
             return []
         if self._state == "reasoning":
@@ -47,12 +49,19 @@ class ReasoningParser:
 
     def _s_start(self, buf: str, out: list[Event]) -> int | None:
         stripped = buf.lstrip(_WS)
-        if not stripped or (self.open_tag.startswith(stripped) and stripped != self.open_tag):
+        if len(stripped) < len(buf):        # held aside, not rescanned with every delta
+            self._lead.append(buf[:len(buf) - len(stripped)])
+            return len(buf) - len(stripped)
+        if self.open_tag.startswith(buf) and buf != self.open_tag:
             return None
-        if stripped.startswith(self.open_tag):
+        lead, self._lead = "".join(self._lead), []
+        if buf.startswith(self.open_tag):
             self._state = "reasoning"
-            return len(buf) - len(stripped) + len(self.open_tag)
+            return len(self.open_tag)
         self._state = "content"
+        if lead:
+            out.append(TextDelta(lead + buf))
+            return len(buf)
         return 0
 
     def _s_reasoning(self, buf: str, out: list[Event]) -> int | None:

@@ -19,6 +19,7 @@ from podium.parsing.scan import JsonPrefix, Markers
 from podium.parsing.tools.jsoncall import JsonCall
 
 log = logging.getLogger(__name__)
+_WS = " \t\r\n"
 
 
 def new_call_id() -> str:
@@ -50,7 +51,8 @@ class ToolParser:
         self._buf = ""
         self._back = ""             # text a step handed back, processed next
         self._out: list[Event] = []
-        self._ws = ""               # whitespace held until we know it is not before a call
+        self._ws: list[str] = []    # whitespace held until we know it is not before a call
+        self._gap: list[str] = []   # blanks a state set aside while it waits (hold_blanks)
         self._call: _OpenCall | None = None
         self._dropping = False      # a call beyond max_calls: parsed, never shown
 
@@ -78,8 +80,8 @@ class ToolParser:
         if self._call is not None:
             self.end_call()
         if self._ws and not self.calls:
-            self._out.append(TextDelta(self._ws))
-        self._ws = ""
+            self._out.append(TextDelta("".join(self._ws)))
+        self._ws = []
         out, self._out = self._out, []
         return out
 
@@ -93,6 +95,19 @@ class ToolParser:
     def push_back(self, text: str) -> None:
         """Return ``text`` (already consumed by this step) to the front of the buffer."""
         self._back = text
+
+    def hold_blanks(self, buf: str, chars: str | None = _WS) -> int:
+        """Set the blanks that start ``buf`` aside; how many. A state that must see what
+        follows blanks takes them off at once instead of waiting with them in its buffer
+        (rescanned with every delta of a long run); ``take_blanks`` gives them back."""
+        n = len(buf) - len(buf.lstrip(chars))
+        if n:
+            self._gap.append(buf[:n])
+        return n
+
+    def take_blanks(self) -> str:
+        gap, self._gap = "".join(self._gap), []
+        return gap
 
     def scan_text(self, buf: str, markers: Markers) -> tuple[int | None, str | None]:
         """Content up to the first marker: (characters used, the marker found or None)."""
@@ -115,13 +130,13 @@ class ToolParser:
             return
         body = text.rstrip()
         if not body:
-            self._ws += text
+            self._ws.append(text)       # pieces: a run of blank deltas is joined once
             return
-        self._out.append(TextDelta(self._ws + body))
-        self._ws = text[len(body):]
+        self._out.append(TextDelta("".join(self._ws) + body if self._ws else body))
+        self._ws = [text[len(body):]] if len(body) < len(text) else []
 
     def begin_call(self, name: str) -> None:
-        self._ws = ""
+        self._ws = []
         if self.tools.max_calls is not None and self.calls >= self.tools.max_calls:
             log.warning("dropping tool call %r: parallel_tool_calls is false", name)
             self._dropping = True

@@ -25,21 +25,24 @@ class FallbackJsonParser(ToolParser):
         self._raw: list[str] = []     # all text seen while no call has begun, in pieces
         self.gave_up = False
 
-    @property
-    def raw(self) -> str:
-        """All text seen while no call had begun (the primary parser's, if this gives up)."""
-        if len(self._raw) > 1:
-            self._raw = ["".join(self._raw)]
-        return self._raw[0] if self._raw else ""
+    def take_raw(self) -> list[str]:
+        """All text seen while no call had begun, in pieces (the primary's, if this gave up)."""
+        raw, self._raw = self._raw, []
+        return raw
 
     def feed(self, text: str) -> list[Event]:
-        if not self.calls:
-            self._raw.append(text)
-        return super().feed(text)
+        if self.calls:
+            return super().feed(text)
+        self._raw.append(text)
+        events = super().feed(text)
+        if self.calls:                # a call began: the text before it is never replayed
+            self._raw = []
+        return events
 
     def _give_up(self) -> int | None:
         if self.calls:                # calls were made: the rest is plain content
             self._state = "text"
+            self.text(self.take_blanks())
             return 0
         self.gave_up = True
         return None
@@ -50,25 +53,27 @@ class FallbackJsonParser(ToolParser):
         return getattr(self, "_s_" + self._state)(buf)
 
     def _s_start(self, buf: str) -> int | None:
-        stripped = buf.lstrip(_WS)
-        skipped = len(buf) - len(stripped)
-        if not stripped:
-            return None
-        if stripped.startswith("```"):
-            newline = stripped.find("\n")
+        blanks = self.hold_blanks(buf)      # content only if this gives up after calls
+        if blanks:
+            return blanks
+        if buf.startswith("```") or "```".startswith(buf):     # a fence, or its start
+            newline = buf.find("\n")
             if newline < 0:
                 return None
-            if stripped[3:newline].strip().lower() not in ("", "json"):
+            if buf[3:newline].strip().lower() not in ("", "json"):
                 return self._give_up()
             self._fenced = True
-            return skipped + newline + 1
-        if stripped[0] == "[" and not self._in_list:
+            self.take_blanks()
+            return newline + 1
+        if buf[0] == "[" and not self._in_list:
             self._in_list = True
-            return skipped + 1
-        if stripped[0] == "{":
+            self.take_blanks()
+            return 1
+        if buf[0] == "{":
             self.start_call_object()
             self._state = "object"
-            return skipped
+            self.take_blanks()
+            return 0
         return self._give_up()
 
     def _s_object(self, buf: str) -> int | None:
@@ -80,26 +85,26 @@ class FallbackJsonParser(ToolParser):
         return used
 
     def _s_next(self, buf: str) -> int | None:
-        stripped = buf.lstrip(_WS)
-        if not stripped:
+        blanks = self.hold_blanks(buf)      # content only if what follows is
+        if blanks:
+            return blanks
+        if self._fenced and "```".startswith(buf) and buf != "```":
             return None
-        skipped = len(buf) - len(stripped)
-        if self._in_list and stripped[0] == ",":
+        gap = self.take_blanks()
+        if self._in_list and buf[0] == ",":
             self._state = "start"
-            return skipped + 1
-        if self._in_list and stripped[0] == "]":
+            return 1
+        if self._in_list and buf[0] == "]":
             self._in_list = False
-            return skipped + 1
-        if not self._in_list and stripped[0] == "{":       # objects one after another
+            return 1
+        if not self._in_list and buf[0] == "{":       # objects one after another
             self._state = "start"
-            return skipped
-        if self._fenced:
-            if stripped.startswith("```"):
-                self._fenced = False
-                return skipped + 3
-            if "```".startswith(stripped):
-                return None
+            return 0
+        if self._fenced and buf.startswith("```"):
+            self._fenced = False
+            return 3
         self._state = "text"
+        self.text(gap)
         return 0
 
     def _s_text(self, buf: str) -> int | None:
@@ -120,7 +125,8 @@ class WithJsonFallback:
         self._primary = primary
         self._fallback = FallbackJsonParser(tools)
         self._active = None            # None: undecided; else the parser in charge
-        self._held = ""
+        self._held: list[str] = []     # the text so far, in pieces
+        self._start = ""               # ... after its leading whitespace (at most "``")
 
     @property
     def calls(self) -> int:
@@ -129,27 +135,42 @@ class WithJsonFallback:
     def feed(self, text: str) -> list[Event]:
         if self._active is not None:
             return self._to_active(text)
-        self._held += text
-        start = self._held.lstrip(_WS)
-        if not start or "```".startswith(start):
+        self._held.append(text)
+        self._start += text if self._start else text.lstrip(_WS)
+        if not self._start or "```".startswith(self._start):
             return []
-        held, self._held = self._held, ""
-        self._active = self._fallback if start[0] in "{[`" else self._primary
-        return self._to_active(held)
+        held, self._held = self._held, []
+        self._active = self._fallback if self._start[0] in "{[`" else self._primary
+        return self._feed_all(held)
+
+    def _feed_all(self, pieces: list[str]) -> list[Event]:
+        """Held text, piece by piece: a long run of blanks is never made one string."""
+        events: list[Event] = []
+        for piece in pieces:
+            events += self._to_active(piece)
+        return events
 
     def _to_active(self, text: str) -> list[Event]:
         events = self._active.feed(text)
         if self._active is self._fallback and self._fallback.gave_up:
             self._active = self._primary
-            return events + self._primary.feed(self._fallback.raw)
+            events += self._replay()
+        return events
+
+    def _replay(self) -> list[Event]:
+        events: list[Event] = []
+        for piece in self._fallback.take_raw():
+            events += self._primary.feed(piece)
         return events
 
     def flush(self) -> list[Event]:
         if self._active is None:
-            return self._primary.feed(self._held) + self._primary.flush()
+            self._active = self._primary
+            held, self._held = self._held, []
+            return self._feed_all(held) + self._primary.flush()
         if self._active is self._fallback:
             events = self._fallback.flush()
             if self._fallback.gave_up:
-                return self._primary.feed(self._fallback.raw) + self._primary.flush()
+                return self._replay() + self._primary.flush()
             return events
         return self._primary.flush()

@@ -53,15 +53,15 @@ class HermesParser(ToolParser):
 
     def _after_call(self, buf: str) -> int | None:
         """Skip the whitespace and ``</tool_call>`` that close a call; anything else is text."""
-        stripped = buf.lstrip()
-        if not stripped:
+        blanks = self.hold_blanks(buf, None)
+        if blanks:
+            return blanks
+        if self.CLOSE.startswith(buf) and buf != self.CLOSE:
             return None
-        if stripped.startswith(self.CLOSE):
-            self._state = "text"
-            return len(buf) - len(stripped) + len(self.CLOSE)
-        if self.CLOSE.startswith(stripped):
-            return None
-        self._state = "text"
+        gap, self._state = self.take_blanks(), "text"
+        if buf.startswith(self.CLOSE):
+            return len(self.CLOSE)
+        self.text(gap)
         return 0
 
     def _finish(self, rest: str) -> None:

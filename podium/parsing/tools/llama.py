@@ -38,18 +38,17 @@ class _StartOfAnswer(ToolParser):
 
     def _s_start(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)
-        skipped = len(buf) - len(stripped)
-        if not stripped:
+        if len(stripped) < len(buf):        # held with the rest, not rescanned every delta
+            self._raw.append(buf[:len(buf) - len(stripped)])
+            return len(buf) - len(stripped)
+        if buf.startswith(PYTHON_TAG):
+            self._raw.append(PYTHON_TAG)
+            return len(PYTHON_TAG)
+        if PYTHON_TAG.startswith(buf):
             return None
-        if stripped.startswith(PYTHON_TAG):
-            self._raw.append(buf[:skipped + len(PYTHON_TAG)])
-            return skipped + len(PYTHON_TAG)
-        if PYTHON_TAG.startswith(stripped):
-            return None
-        if stripped[0] != self.opener:
+        if buf[0] != self.opener:
             return self._content(0)
-        self._raw.append(buf[:skipped])
-        return self._begin(skipped)
+        return self._begin(0)
 
     def _begin(self, skipped: int) -> int:
         raise NotImplementedError
@@ -97,22 +96,20 @@ class Llama3JsonParser(_StartOfAnswer):
 
     def _s_between(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)
-        if not stripped:
-            return None
-        skipped = len(buf) - len(stripped)
-        if stripped[0] == ";":
+        if len(stripped) < len(buf):        # blanks between calls are layout
+            return len(buf) - len(stripped)
+        if buf[0] == ";":
             self._state = "next"
-            return skipped + 1
-        return self._after_calls(skipped)
+            return 1
+        return self._after_calls(0)
 
     def _s_next(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)
-        if not stripped:
-            return None
-        skipped = len(buf) - len(stripped)
-        if stripped[0] == "{":
-            return self._begin(skipped)
-        return self._after_calls(skipped)
+        if len(stripped) < len(buf):
+            return len(buf) - len(stripped)
+        if buf[0] == "{":
+            return self._begin(0)
+        return self._after_calls(0)
 
 
 class PythonicParser(_StartOfAnswer):

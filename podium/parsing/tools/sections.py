@@ -79,34 +79,36 @@ class SectionParser(ToolParser):
         return used
 
     def _s_section(self, buf: str) -> int | None:
-        """Between calls: the next call's opener, the section's end, or (Mistral) a list."""
-        stripped = buf.lstrip(_WS)
-        skipped = len(buf) - len(stripped)
-        if not stripped:
-            return None
+        """Between calls: the next call's opener, the section's end, or (Mistral) a list.
+        Blanks are set aside first: markup (kept with ``_raw``) or content, once decided."""
+        blanks = self.hold_blanks(buf)
+        if blanks:
+            return blanks
         fmt, fresh = self.fmt, self._fresh
-        self._fresh = False
         if fmt.call_open is None:              # Mistral: each call repeats [TOOL_CALLS]
+            if not fresh and fmt.section_open.startswith(buf) and buf != fmt.section_open:
+                return None
+            self._fresh = False
+            self.take_blanks()
             if fresh:
-                self._state = "list" if stripped[0] == "[" else "header"
-                return skipped + (stripped[0] == "[")
-            if stripped.startswith(fmt.section_open):
+                self._state = "list" if buf[0] == "[" else "header"
+                return int(buf[0] == "[")
+            if buf.startswith(fmt.section_open):
                 self._state = "header"
-                return skipped + len(fmt.section_open)
-            if fmt.section_open.startswith(stripped):
-                self._fresh = fresh
-                return None
+                return len(fmt.section_open)
             self._state = "text"
-            return skipped
+            return 0
         for tag, state in ((fmt.call_open, "header"), (fmt.section_close, "text")):
-            if stripped.startswith(tag):
-                self._raw.append(buf[:skipped + len(tag)])
-                self._state = state
-                return skipped + len(tag)
-            if tag.startswith(stripped):
-                self._fresh = fresh
+            if tag.startswith(buf) and buf != tag:
                 return None
-        return self._content(skipped, buf)
+            if buf.startswith(tag):
+                self._fresh = False
+                self._raw += [self.take_blanks(), tag]
+                self._state = state
+                return len(tag)
+        self._fresh = False
+        self._raw.append(self.take_blanks())
+        return self._content(0, buf)
 
     def _s_header(self, buf: str) -> int | None:
         end = buf.find(self.fmt.header_end)
@@ -150,16 +152,15 @@ class SectionParser(ToolParser):
     def _s_call_end(self, buf: str) -> int | None:
         """Skip a closing fence and the call's end marker; then back between calls."""
         stripped = buf.lstrip(_WS)
-        if not stripped:
-            return None
-        skipped = len(buf) - len(stripped)
+        if len(stripped) < len(buf):        # blanks here are layout
+            return len(buf) - len(stripped)
         for tag in ("```", self.fmt.call_close):
-            if tag and stripped.startswith(tag):
-                return skipped + len(tag)
-            if tag and tag.startswith(stripped):
+            if tag and buf.startswith(tag):
+                return len(tag)
+            if tag and tag.startswith(buf):
                 return None
         self._state = "section"
-        return skipped
+        return 0
 
     def _s_list(self, buf: str) -> int | None:
         """Mistral's older form: a JSON list of call objects."""
@@ -195,7 +196,7 @@ class SectionParser(ToolParser):
             self.text(rest)
         elif self._call is None and self._state in ("section", "header", "deepseek_name",
                                                     "list", "list_item") and not self.calls:
-            self.text("".join(self._raw) + rest)
+            self.text("".join(self._raw) + self.take_blanks() + rest)
 
 
 def mistral(tools: ToolSet) -> SectionParser:

@@ -73,6 +73,8 @@ class Qwen3CoderParser(ToolParser):
         self._value = ""          # the current parameter's undecided tail (see _s_value)
         self._kept: list[str] = []    # a non-string value's decided text, in pieces
         self._search = 0          # where to look for the next </parameter> in _value
+        self._after_tag = False   # _value ends in a possible </parameter> and blanks
+        self._blanks: list[str] = []  # more blanks after it, not yet added to _value
         self._n_params = 0
         self._is_string = True
         self._lead = False
@@ -144,6 +146,7 @@ class Qwen3CoderParser(ToolParser):
         if self._is_string:
             self.call_args('"')
         self._value, self._kept, self._search, self._lead = "", [], 0, True
+        self._after_tag, self._blanks = False, []
         self._state = "value"
 
     def _s_value(self, buf: str) -> int | None:
@@ -154,6 +157,11 @@ class Qwen3CoderParser(ToolParser):
         if self._lead:                      # the newline after <parameter=...> is layout
             self._lead = False
             buf = buf[1:] if buf.startswith("\n") else buf
+        if self._after_tag and not buf.strip(_WS):     # more blanks decide nothing
+            self._blanks.append(buf)
+            return used
+        if self._blanks:
+            buf, self._blanks = "".join(self._blanks) + buf, []
         self._value += buf
         end = self._find_end()
         if end is None:                     # undecided: pass on what cannot be the end
@@ -167,14 +175,18 @@ class Qwen3CoderParser(ToolParser):
 
     def _find_end(self) -> tuple[int, int] | None:
         """(end of value, index after </parameter>) once an end tag is confirmed."""
+        self._after_tag = False
         while True:
             pos = self._value.find(self.PARAM_END, self._search)
             if pos < 0:
                 return None
             after = self._value[pos + len(self.PARAM_END):].lstrip(_WS)
-            if not after or any(t.startswith(after) and t != after
-                                for t in (self.PARAM, self.FUNCTION_END, self.CLOSE)):
+            if not after:
+                self._after_tag = True
                 return None                 # wait: the next tag decides
+            if any(t.startswith(after) and t != after
+                   for t in (self.PARAM, self.FUNCTION_END, self.CLOSE)):
+                return None
             if after.startswith((self.PARAM, self.FUNCTION_END, self.CLOSE)):
                 return pos, pos + len(self.PARAM_END)
             self._search = pos + 1          # part of the value
@@ -219,11 +231,12 @@ class Qwen3CoderParser(ToolParser):
 
     def _s_tail(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)
-        if not stripped or (self.CLOSE.startswith(stripped) and stripped != self.CLOSE):
+        if len(stripped) < len(buf):        # blanks after </function> are layout
+            return len(buf) - len(stripped)
+        if self.CLOSE.startswith(buf) and buf != self.CLOSE:
             return None
         self._state = "text"
-        skipped = len(buf) - len(stripped)
-        return skipped + (len(self.CLOSE) if stripped.startswith(self.CLOSE) else 0)
+        return len(self.CLOSE) if buf.startswith(self.CLOSE) else 0
 
     def _finish(self, rest: str) -> None:
         if self._state == "text":
@@ -231,7 +244,7 @@ class Qwen3CoderParser(ToolParser):
         elif self._state == "head":
             self.text(self._raw + rest)
         elif self._state == "value" and self._call is not None:
-            self._finish_value(self._value + rest)
+            self._finish_value(self._value + "".join(self._blanks) + rest)
             self._close_call()
         else:
             self._close_call()
