@@ -251,8 +251,10 @@ class JsonPrefix:
                 if c == "u":
                     self._escape = "u"
                     return True
+                if c not in '"\\/bfnrt':
+                    return False            # still after the backslash: completion() knows
                 self._escape = ""
-                return c in '"\\/bfnrt'
+                return True
             if c not in _HEX:
                 return False
             self._escape += c

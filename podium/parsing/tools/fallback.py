@@ -23,6 +23,7 @@ class FallbackJsonParser(ToolParser):
         self._fenced = False
         self._in_list = False
         self._raw: list[str] = []     # all text seen while no call has begun, in pieces
+        self._object: list[str] = []  # a later object's text until it names its tool
         self.gave_up = False
 
     def take_raw(self) -> list[str]:
@@ -71,14 +72,23 @@ class FallbackJsonParser(ToolParser):
             return 1
         if buf[0] == "{":
             self.start_call_object()
-            self._state = "object"
+            self._state, self._object = "object", []
             self.take_blanks()
             return 0
         return self._give_up()
 
     def _s_object(self, buf: str) -> int | None:
         outcome, used = self.call_object(buf)
+        if outcome == "more" and self.calls:
+            if self._json.name is None:
+                self._object.append(buf)
+            else:
+                self._object.clear()
         if outcome == "no call":
+            if self.calls:            # after calls: this object is content, all of it
+                self._state = "text"
+                self.text("".join(self._object) + buf[:used])
+                return used
             return self._give_up()
         if outcome != "more":
             self._state = "next" if outcome == "done" else "text"

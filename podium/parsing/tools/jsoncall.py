@@ -82,7 +82,10 @@ class JsonCall:
         end = self._value.feed(chunk[i:])
         if end < 0:
             return len(chunk)
-        self._key = json.loads(self._value.text)
+        try:
+            self._key = json.loads(self._value.text)
+        except ValueError:                  # a raw control character: not JSON
+            self.failed = True
         self._state = "colon"
         return i + end
 

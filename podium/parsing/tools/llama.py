@@ -16,6 +16,7 @@ name declared tools is content. Pythonic calls are emitted when the list closes.
 from __future__ import annotations
 
 import ast
+import json
 
 from podium.parsing.tools.base import ToolParser, ToolSet
 
@@ -168,4 +169,8 @@ def _pythonic_calls(text: str) -> list[tuple[str, dict]] | None:
         except ValueError:
             return None
         calls.append((node.func.id, arguments))
+    try:                        # bytes, sets, complex, 1e999: Python literals, not JSON
+        json.dumps([arguments for _, arguments in calls], allow_nan=False)
+    except (TypeError, ValueError):
+        return None
     return calls
