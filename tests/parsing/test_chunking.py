@@ -4,7 +4,7 @@ are what the model wrote (for every family, with reasoning, text and several cal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.parsing.formats import FAMILIES, mistral_list
+from tests.parsing.formats import FAMILIES, mistral_list, pythonic
 from tests.parsing.helpers import Folded, fold, parser, run
 
 NAMES = ["get_weather", "get_time", "write_file"]
@@ -44,3 +44,23 @@ def test_any_chunking_folds_to_what_the_model_wrote(family, think, thought, pros
     assert whole == Folded(expected_content, thought if think else "",
                            [(n, a) for n, a in calls],
                            "tool_calls" if calls else "stop")
+
+
+BLANKS = st.text(alphabet=st.sampled_from(" \n\t"), min_size=1, max_size=30)
+BLANK_FAMILIES = {**{f: w for f, (w, _) in FAMILIES.items()}, "pythonic": pythonic}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(BLANK_FAMILIES)), st.booleans(), CALLS,
+       st.lists(st.tuples(st.integers(min_value=0), BLANKS), max_size=6),
+       st.lists(st.integers(min_value=0), max_size=25))
+def test_blank_runs_anywhere_fold_the_same_however_cut(family, think, calls, blanks, cuts):
+    """Blanks where a parser waits to see what follows (before, between and after calls,
+    inside markup): whatever they make of the text, any cut gives what one piece gives."""
+    text = BLANK_FAMILIES[family](calls) + "Done."
+    for at, run_of_blanks in blanks:
+        i = at % (len(text) + 1)
+        text = text[:i] + run_of_blanks + text[i:]
+    reasoning = "think" if think else None
+    whole = fold(run(parser(family, reasoning), [text]))
+    assert fold(run(parser(family, reasoning), pieces(text, cuts))) == whole

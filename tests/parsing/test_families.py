@@ -174,3 +174,27 @@ def test_fallback_reads_objects_one_after_another():
     for sizes in (None, [1], [5]):
         out = parse(text, sizes, tool_family="hermes")
         assert out.calls == [("get_time", {}), ("get_weather", W)] and out.content == ""
+
+
+@pytest.mark.parametrize("family, text, content, calls", [
+    # a raw control character in a key: not JSON (json.loads used to raise out of the parser)
+    ("hermes", '<tool_call>{"name": "get_weather", "ci\nty": "Paris"}</tool_call>',
+     ': "Paris"}</tool_call>', [("get_weather", {})]),
+    ("hermes", '<tool_call>{"na\nme": "get_time"}</tool_call>',
+     '<tool_call>{"na\nme": "get_time"}</tool_call>', []),
+    # a bad escape: closed after the backslash (was closed as \", an unterminated string)
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Par\\\nis"}', "",
+     [("get_weather", {"city": "Par\n"})]),
+    # a later object that is no call is content, all of it, however the text is cut
+    ("json", '[{"name": "get_time", "arguments": {}}, {"name": "get_\tweather", '
+     '"arguments": {}}] Done.', '{"name": "get_\tweather", "arguments": {}}] Done.',
+     [("get_time", {})]),
+    # Python literals that are not JSON: not a call list
+    ("pythonic", '[get_weather(city=b"Paris")]', '[get_weather(city=b"Paris")]', []),
+    ("pythonic", "[get_weather(days=1e999)]", "[get_weather(days=1e999)]", []),
+])
+@pytest.mark.parametrize("sizes", [None, [1], [2, 5, 1, 9]])
+def test_malformed_json_never_raises_and_closes_as_valid_json(family, text, content, calls,
+                                                               sizes):
+    out = parse(text, sizes, tool_family=family)
+    assert (out.content, out.calls) == (content, calls)
