@@ -134,7 +134,7 @@ class WithJsonFallback:
     def __init__(self, primary: ToolParser, tools: ToolSet):
         self._primary = primary
         self._fallback = FallbackJsonParser(tools)
-        self._active = None            # None: undecided; else the parser in charge
+        self._active: ToolParser | None = None     # None: undecided; else the one in charge
         self._held: list[str] = []     # the text so far, in pieces
         self._start = ""               # ... after its leading whitespace (at most "``")
 
@@ -161,8 +161,9 @@ class WithJsonFallback:
         return events
 
     def _to_active(self, text: str) -> list[Event]:
-        events = self._active.feed(text)
-        if self._active is self._fallback and self._fallback.gave_up:
+        active = self._active or self._primary
+        events = active.feed(text)
+        if active is self._fallback and self._fallback.gave_up:
             self._active = self._primary
             events += self._replay()
         return events
