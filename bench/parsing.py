@@ -18,6 +18,10 @@ The figure is the whole call's parse time divided by its deltas; every size pars
 same number of characters (400 calls of 1 KB, 4 of 100 KB, one of 400 KB), sizes interleaved.
 Target: per-delta cost at 400 KB within 1.5x of 1 KB, every family (agents write whole files
 as tool arguments). Each figure is the median of ``--repeat`` runs.
+
+Part 3, ``--blanks`` (instead of part 2): the same measure on N KB of blanks (a model looping
+on newlines) spread over the places where each family's parser waits to see what follows: the
+start of the answer, inside, between and after calls.
 """
 
 from __future__ import annotations
@@ -137,6 +141,34 @@ def call_text(family: str, content: str) -> str:
     raise ValueError(family)
 
 
+# {ws}: where each family's parser waits to see what follows blanks
+BLANK_RUNS = {
+    "hermes": '{ws}<tool_call>{"name": "write_file", "arguments": {"path": "a"}}{ws}</tool_call>'
+              '{ws}Done.',
+    "qwen3_coder": "{ws}<tool_call>\n<function=write_file>{ws}<parameter=path>\na\n"
+                   "</parameter>{ws}</function>{ws}</tool_call>Done.",
+    "glm45": "{ws}<tool_call>write_file\n<arg_key>path</arg_key>{ws}<arg_value>a</arg_value>"
+             "{ws}</tool_call>Done.",
+    "llama3_json": '{ws}{"name": "write_file", "parameters": {"path": "a"}}{ws};{ws}'
+                   '{"name": "write_file", "parameters": {"path": "a"}}{ws}Done.',
+    "pythonic": '{ws}[write_file(path="a"),{ws}write_file(path="a")]{ws}Done.',
+    "mistral": '{ws}[TOOL_CALLS]write_file[ARGS]{"path": "a"}{ws}'
+               '[TOOL_CALLS]write_file[ARGS]{"path": "a"}{ws}Done.',
+    "deepseek_v3": '{ws}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>'
+                   '{"path": "a"}{ws}<｜tool▁call▁end｜>{ws}<｜tool▁calls▁end｜>Done.',
+    "kimi_k2": '{ws}<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0'
+               '<|tool_call_argument_begin|>{"path": "a"}{ws}<|tool_call_end|>{ws}'
+               '<|tool_calls_section_end|>Done.',
+    "json": '{ws}```json\n[{"name": "write_file", "arguments": {"path": "a"}},{ws}'
+            '{"name": "write_file", "arguments": {"path": "a"}}{ws}]{ws}```{ws}Done.',
+}
+
+
+def blank_text(family: str, size: int) -> str:
+    template = BLANK_RUNS[family]
+    return template.replace("{ws}", "\n" * (size // template.count("{ws}")))
+
+
 def cut(text: str, tokenizer) -> list[str]:
     if tokenizer is None:
         return [text[i:i + 4] for i in range(0, len(text), 4)]
@@ -153,11 +185,23 @@ def parse_call(family: str, deltas: list) -> list:
     return events + parser.feed([Finish("stop", 1)])
 
 
-def check(family: str, deltas: list, content: str) -> None:
-    """The stream is what the family writes: it parses to one call with the content."""
+def check(family: str, deltas: list, calls: list[dict]) -> None:
+    """The stream is what the family writes: it parses to its calls."""
     ends = [e for e in parse_call(family, deltas) if isinstance(e, ToolCallEnd)]
-    if len(ends) != 1 or json.loads(ends[0].arguments) != {"path": PATH, "content": content}:
-        raise SystemExit(f"{family}: the benchmark stream does not parse to its call")
+    if [json.loads(e.arguments) for e in ends] != calls:
+        raise SystemExit(f"{family}: the benchmark stream does not parse to its calls")
+
+
+def stream_of(family: str, kb: int, blanks: bool, tokenizer) -> list:
+    if blanks:
+        text = blank_text(family, kb * 1024)
+        calls = [{"path": "a"}] * BLANK_RUNS[family].count("write_file")
+    else:
+        content = source_text(kb * 1024)
+        text, calls = call_text(family, content), [{"path": PATH, "content": content}]
+    deltas = [[TextDelta(p)] for p in cut(text, tokenizer)]
+    check(family, deltas, calls)
+    return deltas
 
 
 def cost_per_delta(family: str, deltas: list, calls: int) -> float:
@@ -170,14 +214,11 @@ def cost_per_delta(family: str, deltas: list, calls: int) -> float:
     return (time.perf_counter() - start) * 1e6 / (len(deltas) * calls)
 
 
-def bench_family(family: str, sizes: list[int], repeat: int, tokenizer) -> dict[int, float]:
+def bench_family(family: str, sizes: list[int], repeat: int, tokenizer,
+                 blanks: bool = False) -> dict[int, float]:
     most = max(sizes)
-    streams = {}
-    for kb in sizes:
-        content = source_text(kb * 1024)
-        deltas = [[TextDelta(p)] for p in cut(call_text(family, content), tokenizer)]
-        check(family, deltas, content)
-        streams[kb] = (deltas, max(1, round(most / kb)))
+    streams = {kb: (stream_of(family, kb, blanks, tokenizer), max(1, round(most / kb)))
+               for kb in sizes}
     runs: dict[int, list[float]] = {kb: [] for kb in sizes}
     for _ in range(repeat):                       # sizes interleaved: drift hits all alike
         for kb in sizes:
@@ -185,14 +226,16 @@ def bench_family(family: str, sizes: list[int], repeat: int, tokenizer) -> dict[
     return {kb: statistics.median(r) for kb, r in runs.items()}
 
 
-def bench_calls(families: list[str], sizes: list[int], repeat: int, tokenizer) -> dict:
+def bench_calls(families: list[str], sizes: list[int], repeat: int, tokenizer,
+                blanks: bool = False) -> dict:
     head = "".join(f"{f'{kb} KB':>10}" for kb in sizes)
-    print(f"per-delta cost of one call, us (median of {repeat}); "
+    what = "a stream of N KB of blank runs" if blanks else "one call of N KB of arguments"
+    print(f"per-delta cost of {what}, us (median of {repeat}); "
           f"ratio = {max(sizes)} KB / {min(sizes)} KB")
     print(f"{'family':<13}{head}{'ratio':>8}")
     results = {}
     for family in families:
-        costs = bench_family(family, sizes, repeat, tokenizer)
+        costs = bench_family(family, sizes, repeat, tokenizer, blanks)
         results[family] = costs
         cells = "".join(f"{costs[kb]:>10.2f}" for kb in sizes)
         print(f"{family:<13}{cells}{costs[max(sizes)] / costs[min(sizes)]:>8.2f}", flush=True)
@@ -208,6 +251,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tokens", action="store_true",
                     help="cut calls into the default model's tokens instead of 4 characters")
+    ap.add_argument("--blanks", action="store_true",
+                    help="part 3: blank runs where parsers wait, instead of big calls")
     ap.add_argument("--json", help="also write the figures to this file")
     opts = ap.parse_args()
     logging.getLogger("podium").setLevel(logging.ERROR)   # cut-short calls are expected here
@@ -217,8 +262,9 @@ def main() -> None:
         out["stream"] = bench_stream(tokenizer)
     if not opts.stream_only:
         sizes = sorted(int(s) for s in opts.sizes.split(","))
-        out["calls"] = bench_calls(opts.families.split(","), sizes, opts.repeat,
-                                   tokenizer if opts.tokens else None)
+        out["blanks" if opts.blanks else "calls"] = bench_calls(
+            opts.families.split(","), sizes, opts.repeat, tokenizer if opts.tokens else None,
+            opts.blanks)
     if opts.json:
         Path(opts.json).write_text(json.dumps(out, indent=1))
 
