@@ -22,12 +22,12 @@ class Markers:
 
     def find(self, text: str, start: int = 0) -> tuple[int, str | None]:
         """The earliest complete marker at or after ``start``: (position, marker) or (-1, None)."""
-        best, found = -1, None
+        best, found = -1, ""
         for marker in self.markers:
             i = text.find(marker, start)
             if i >= 0 and (best < 0 or i < best or (i == best and len(marker) > len(found))):
                 best, found = i, marker
-        return best, found
+        return best, (found if best >= 0 else None)
 
     def held(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a marker."""

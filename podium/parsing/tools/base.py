@@ -135,6 +135,12 @@ class ToolParser:
         self._out.append(TextDelta("".join(self._ws) + body if self._ws else body))
         self._ws = [text[len(body):]] if len(body) < len(text) else []
 
+    @property
+    def _open_name(self) -> str:
+        """The name of the call being written (states that read arguments have one)."""
+        assert self._call is not None
+        return self._call.name
+
     def begin_call(self, name: str) -> None:
         self._ws = []
         if self.tools.max_calls is not None and self.calls >= self.tools.max_calls:

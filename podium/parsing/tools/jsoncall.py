@@ -8,7 +8,7 @@ name must be complete (and declared) before the call begins.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Callable, ClassVar
 
 from podium.parsing.scan import JsonPrefix, JsonValue
 
@@ -23,6 +23,8 @@ class JsonCall:
     ``name`` is None), ``name`` (once known and allowed), ``done`` (the object closed).
     ``on_begin(name)`` and ``on_args(text)`` are called as the call unfolds.
     """
+
+    _handlers: ClassVar[dict[str, Callable[["JsonCall", str, int], int]]]   # state -> _s_*
 
     def __init__(self, allows: Callable[[str], bool], on_begin: Callable[[str], None],
                  on_args: Callable[[str], None]):

@@ -99,6 +99,8 @@ class SectionParser(ToolParser):
             self._state = "text"
             return 0
         for tag, state in ((fmt.call_open, "header"), (fmt.section_close, "text")):
+            if tag is None:
+                continue
             if tag.startswith(buf) and buf != tag:
                 return None
             if buf.startswith(tag):
@@ -141,8 +143,10 @@ class SectionParser(ToolParser):
         return used
 
     def _s_arguments(self, buf: str) -> int | None:
-        end = self._args.feed(buf)
-        self.call_args(self._args.last)
+        args = self._args
+        assert args is not None                 # set with the call's name
+        end = args.feed(buf)
+        self.call_args(args.last)
         if end < 0:
             return len(buf)
         self.end_call()

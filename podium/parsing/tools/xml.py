@@ -141,7 +141,7 @@ class Qwen3CoderParser(ToolParser):
         prefix = "{" if self._n_params == 0 else ", "
         self._n_params += 1
         self.call_args(f"{prefix}{json.dumps(self._param, ensure_ascii=False)}: ")
-        kind = self.tools.param_type(self._call.name, self._param)
+        kind = self.tools.param_type(self._open_name, self._param)
         self._is_string = is_string_type(kind)
         if self._is_string:
             self.call_args('"')
@@ -221,7 +221,7 @@ class Qwen3CoderParser(ToolParser):
             return
         value = "".join(self._kept) + tail
         self._kept = []
-        kind = self.tools.param_type(self._call.name, self._param)
+        kind = self.tools.param_type(self._open_name, self._param)
         self.call_args(json.dumps(typed(value, kind), ensure_ascii=False))
 
     def _close_call(self) -> None:
@@ -331,7 +331,7 @@ class Glm45Parser(ToolParser):
         if tag == self.KEY:
             self._key = text.strip()
             return
-        kind = self.tools.param_type(self._call.name, self._key)
+        kind = self.tools.param_type(self._open_name, self._key)
         prefix = "{" if self._n_args == 0 else ", "
         self._n_args += 1
         self.call_args(f"{prefix}{json.dumps(self._key, ensure_ascii=False)}: "
