@@ -10,67 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from array import array
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, values
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 access_log = logging.getLogger("podium.access")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-
-
-class InPlaceValue:
-    """prometheus-client's ``MutexValue`` with the number kept in a C double.
-
-    ``MutexValue`` stores a new float object on every update, so after a burst of traffic
-    each counter and histogram bucket holds a float allocated at the burst's end. Those few
-    dozen long-lived objects sit alone in otherwise empty pymalloc pools and keep whole 1 MiB
-    arenas from going back to the OS (found with a per-pool census after `bench/load.py`:
-    they were most of what kept RSS above its baseline). Updating a double in place allocates
-    nothing that outlives the call.
-    """
-
-    _multiprocess = False
-    __slots__ = ("_cell", "_exemplar", "_lock")
-
-    def __init__(self, typ, metric_name, name, labelnames, labelvalues, help_text, **kwargs):
-        self._cell = array("d", (0.0,))
-        self._exemplar = None
-        self._lock = threading.Lock()
-
-    def inc(self, amount: float) -> None:
-        with self._lock:
-            self._cell[0] += amount
-
-    def set(self, value: float, timestamp=None) -> None:
-        with self._lock:
-            self._cell[0] = value
-
-    def set_exemplar(self, exemplar) -> None:
-        with self._lock:
-            self._exemplar = exemplar
-
-    def get(self) -> float:
-        with self._lock:
-            return self._cell[0]
-
-    def get_exemplar(self):
-        with self._lock:
-            return self._exemplar
-
-
-# Metrics create their values through this module global (children are made lazily, on the
-# first request with a new label value). Swap in the in-place value unless prometheus-client
-# runs in its multiprocess mode, whose mmap-backed values already allocate nothing.
-if values.ValueClass is values.MutexValue:
-    values.ValueClass = InPlaceValue
 
 
 class Metrics:
