@@ -206,6 +206,7 @@ class LlamaCppEngine:
             busy = any(s.job is not None for s in self._slots)
             if not self._take_jobs(block=not busy and not self._waiting):
                 break
+            self._drop_aborted()        # first: a retry admitted now finds their caches free
             self._admit()
             try:
                 self._step()
@@ -283,12 +284,16 @@ class LlamaCppEngine:
             self._release(slot)
             job.emit(EngineOutput([], None, "length", cached_tokens=keep))
 
-    def _step(self) -> None:
+    def _drop_aborted(self) -> None:
+        """Free the slots of aborted jobs; what they prefilled stays cached for reuse (an
+        agent client that gave up mid-prefill retries the same prompt at once)."""
         for slot in self._slots:
             if slot.job is not None and slot.job.aborted:
                 job = slot.job
                 self._release(slot)
                 job.emit(EngineOutput([], finish_reason="abort"))
+
+    def _step(self) -> None:
         prefilling = [s for s in self._slots if s.job is not None and s.pending]
         if prefilling:
             self._prefill_chunk(min(prefilling, key=lambda s: s.last_used))
