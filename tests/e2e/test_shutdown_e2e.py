@@ -93,8 +93,8 @@ def test_stop_signal_ends_a_non_streamed_request_after_the_grace_period(tmp_path
 
 
 def test_stop_signal_while_idle_exits_promptly(tmp_path):
-    """An idle server sleeps without ticking; a stop signal still wakes it at once, both
-    right after traffic (memory not yet given back) and once it has settled."""
+    """A stop signal ends an idle server at once, both right after traffic and once it has
+    been idle a while."""
     for wait in (0.5, 4.0):
         proc, url = start(tmp_path)
         assert httpx.get(f"{url}/v1/models").status_code == 200
