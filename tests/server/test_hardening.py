@@ -14,17 +14,9 @@ from podium.server.app import create_app
 from podium.server.lifecycle import Server
 from podium.settings import Settings
 from tests.conftest import SERVED
+from tests.server.waiting import wait_for
 
 LONG_REPLY = "word " * 2000          # ~2,000 tokens: 100 s at the pace below
-
-
-def wait_for(condition, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.fixture

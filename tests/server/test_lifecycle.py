@@ -19,17 +19,9 @@ from podium.server.app import create_app
 from podium.server.lifecycle import Server
 from podium.settings import Settings
 from tests.conftest import SERVED
+from tests.server.waiting import wait_for
 
 LONG = " ".join(["word"] * 400)         # paced at 20 ms a token: about 8 s
-
-
-def wait_for(condition, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def free_port() -> int:
