@@ -1,7 +1,9 @@
 """The response store boundary: a handful of async methods, nothing else.
 
-It keeps responses (the whole response object and the conversation that led to it), their
-input items, and an append-only log of each streamed or background response's events.
+It keeps responses (the whole response object, and the response it continues), their input
+items, and an append-only log of each streamed or background response's events. A
+conversation is rebuilt from its chain (``chain``): each response's own input items and
+output, oldest first, so storage grows linearly along a ``previous_response_id`` chain.
 The SQL implementation (``podium.store.sql``) is the only one: SQLite by default, any
 SQLAlchemy URL (PostgreSQL) for several replicas.
 
@@ -9,6 +11,10 @@ Every response belongs to an owner: the API key that made it, as an identifier d
 the key (never the key itself), or ``NO_OWNER`` on a server without keys. The methods a
 client reaches (``get``, ``delete``, ``input_items``) take the caller's owner and treat
 another owner's response exactly like a missing one.
+
+A response that others continue from is not removed when it is deleted: it becomes a
+tombstone that every client-facing method treats as missing, kept (without its event log)
+only for ``chain`` to walk through, and removed with the last response that continues it.
 """
 
 from __future__ import annotations
@@ -24,9 +30,13 @@ NO_OWNER = ""       # the one owner of a server without API keys (and of pre-own
 class StoredResponse:
     id: str
     body: dict[str, Any]                 # the response object, as clients see it
-    history: list[dict[str, Any]]        # conversation items before this response's output
+    # Legacy: responses stored before chains carry their whole conversation here (every
+    # item before their output, their own input items included); new ones store [] and are
+    # rebuilt from their chain instead.
+    history: list[dict[str, Any]] = field(default_factory=list)
     input_items: list[dict[str, Any]] = field(default_factory=list)   # this request's own
     owner: str = NO_OWNER
+    parent_id: str | None = None         # the previous_response_id it continues
 
     @property
     def status(self) -> str:
@@ -35,17 +45,26 @@ class StoredResponse:
 
 class ResponseStore(Protocol):
     async def put(self, record: StoredResponse) -> None:
-        """Insert a response with its input items (or replace its body and history)."""
+        """Insert a response with its input items and parent (or replace them)."""
 
     async def update(self, response_id: str, body: dict[str, Any]) -> None:
         """Replace the response object of an existing response (none: nothing happens)."""
 
     async def get(self, response_id: str, owner: str) -> StoredResponse | None:
-        """The response, if it exists and belongs to ``owner``."""
+        """The response, if it exists and belongs to ``owner`` (without its input items)."""
+
+    async def chain(self, response_id: str, owner: str) -> list[StoredResponse] | None:
+        """The response and the responses it continues, oldest first, each with its input
+        items; None if ``owner`` has no such response. The walk goes through deleted
+        responses that are kept for this (tombstones) and stops at a parent that no longer
+        exists: a chain whose oldest responses were pruned starts at the oldest remaining
+        one. A legacy record (non-empty ``history``) already holds everything before it."""
 
     async def delete(self, response_id: str, owner: str) -> bool:
         """Delete the response, its input items and its event log; False if ``owner`` has no
-        such response."""
+        such response. A response that others continue from keeps its row and input items
+        as a tombstone (missing to every other method but ``chain``) until the last response
+        that continues it is deleted."""
 
     async def input_items(self, response_id: str, owner: str, *, after: str | None,
                           limit: int, order: str) -> tuple[list[dict[str, Any]], bool]:
@@ -69,6 +88,7 @@ class ResponseStore(Protocol):
         stored now (the disk is full, the database is down)."""
 
     async def prune(self, older_than: float) -> int:
-        """Delete responses created before ``older_than`` (epoch seconds); how many."""
+        """Delete responses created before ``older_than`` (epoch seconds), tombstones
+        included, whether or not others continue from them; how many."""
 
     async def aclose(self) -> None: ...

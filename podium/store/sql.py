@@ -6,12 +6,27 @@ statement, and the event loop never waits on disk. Look-ups are by primary key: 
 size of the store (well, O(log n)). The driver's operational failures (disk full, database
 unreachable) leave as ``StoreUnavailable`` (503), translated in one place (``_mapped``).
 
+Conversations: a response row keeps its own input items and the id of the response it
+continues (``parent_id``), so a chain of n turns stores O(n), not the O(n²) of repeating
+every earlier turn in each row (rows written before this carry their whole conversation in
+``history``; new rows write ``[]``). ``chain`` reads a response's ancestry with one recursive
+CTE and their input items with one more query, whatever the chain's length.
+
+Deleting a response that others continue from: its descendants still need its input items
+and output, so its row stays as a tombstone (``deleted``), without its event log, that every
+client-facing read treats as missing and ``chain`` walks through. Deleting a response nobody
+continues removes its row, then every tombstone above it left with no children, in the same
+transaction. A delete holds the row it deletes (``FOR UPDATE`` on PostgreSQL; SQLite
+serializes writers) and each parent it climbs to, and ``put`` holds the parent of the row it
+writes (``FOR KEY SHARE``), so a concurrent delete of that parent sees the new child.
+
 Deleting a response while it is still being logged: an event batch is inserted only while
-its response row exists, by one guarded ``INSERT ... SELECT ... WHERE EXISTS`` that on
-PostgreSQL also takes a ``FOR KEY SHARE`` lock on that row, and a delete removes the row
-before its events. On SQLite the writes are serialized anyway; on PostgreSQL the delete waits
-for an append that holds the row and then sees its events, and an append that comes after
-the delete finds no row. Either way nothing outlives the delete, on any replica. (A foreign
+its response row exists and is not a tombstone, by one guarded ``INSERT ... SELECT ... WHERE
+EXISTS`` that on PostgreSQL also takes a ``FOR KEY SHARE`` lock on that row, and a delete
+takes the row (``FOR UPDATE``) before it touches its events. On SQLite the writes are
+serialized anyway; on PostgreSQL the delete waits for an append that holds the row and then
+sees its events, and an append that comes after the delete finds no row, or a tombstone.
+Either way nothing outlives the delete, on any replica. (A foreign
 key with ``ON DELETE CASCADE`` would do the same, but SQLite enforces foreign keys only when
 every connection asks for it, cannot add one to the tables of an existing database without
 rebuilding them, and a violated key is an error that aborts a PostgreSQL transaction rather
@@ -27,7 +42,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 import sqlalchemy as sa
@@ -49,6 +64,10 @@ responses = sa.Table(
     sa.Column("history", sa.Text, nullable=False),
     # the API key that made it, as ``owner_id`` gives it (NO_OWNER without keys)
     sa.Column("owner", sa.String(64), nullable=False, server_default=NO_OWNER),
+    # the response it continues (its previous_response_id); may since have been pruned
+    sa.Column("parent_id", sa.String(64), nullable=True, index=True),
+    # a tombstone: deleted, but kept for the responses that continue from it
+    sa.Column("deleted", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 input_items = sa.Table(
     "podium_input_items", metadata,
@@ -69,6 +88,8 @@ probes = sa.Table(        # /ready's write probe: rows live for one call
     sa.Column("body", sa.LargeBinary, nullable=False),
 )
 _PROBE_BYTES = 4096       # a page or more: a full database cannot find room for it
+CHAIN_LIMIT = 100_000     # the most responses ``chain`` walks (the newest ones)
+_LIVE = sa.not_(responses.c.deleted)
 
 
 def data_dir() -> Path:
@@ -117,10 +138,16 @@ class SQLStore:
         with self.engine.begin() as db:
             db.execute(sa.delete(input_items).where(input_items.c.response_id == record.id))
             db.execute(sa.delete(responses).where(responses.c.id == record.id))
+            if record.parent_id is not None:
+                # hold the parent: a delete of it waits, then sees this child (and keeps it)
+                db.execute(sa.select(responses.c.id).where(
+                    responses.c.id == record.parent_id).with_for_update(read=True,
+                                                                        key_share=True))
             db.execute(sa.insert(responses).values(
                 id=record.id, created_at=body.get("created_at") or time.time(),
                 status=body.get("status") or "completed", body=_dumps(body),
-                history=_dumps(record.history), owner=record.owner))
+                history=_dumps(record.history), owner=record.owner,
+                parent_id=record.parent_id, deleted=False))
             if record.input_items:
                 db.execute(sa.insert(input_items), [
                     {"response_id": record.id, "position": i, "item_id": item["id"],
@@ -138,26 +165,68 @@ class SQLStore:
         return await self._run(self._get, response_id, owner)
 
     def _get(self, response_id: str, owner: str) -> StoredResponse | None:
+        r = responses
         with self.engine.connect() as db:
-            row = db.execute(sa.select(responses.c.body, responses.c.history).where(
-                responses.c.id == response_id, responses.c.owner == owner)).first()
+            row = db.execute(sa.select(r.c.body, r.c.history, r.c.parent_id).where(
+                r.c.id == response_id, r.c.owner == owner, _LIVE)).first()
         if row is None:
             return None
         return StoredResponse(response_id, orjson.loads(row.body), orjson.loads(row.history),
-                              owner=owner)
+                              owner=owner, parent_id=row.parent_id)
+
+    async def chain(self, response_id: str, owner: str) -> list[StoredResponse] | None:
+        return await self._run(self._chain, response_id, owner)
+
+    def _chain(self, response_id: str, owner: str) -> list[StoredResponse] | None:
+        """Two statements whatever the chain's length: the ancestors' rows, then their input
+        items; the chain is put in order here, from the response up by ``parent_id``."""
+        r, t = responses, input_items
+        found = _ancestry(response_id, owner)
+        with self.engine.connect() as db:
+            rows = {row.id: row for row in db.execute(
+                sa.select(r.c.id, r.c.parent_id, r.c.body, r.c.history).join_from(
+                    found, r, r.c.id == found.c.id)).all()}
+            # their input items, and (rows with none: a NULL body) which of them the walk
+            # still reaches now: a response pruned in between ends the chain there
+            items: dict[str, list[dict[str, Any]]] = {}
+            for item in db.execute(
+                    sa.select(found.c.id, t.c.body).outerjoin_from(
+                        found, t, t.c.response_id == found.c.id).order_by(found.c.id,
+                                                                           t.c.position)):
+                items.setdefault(item.id, [])
+                if item.body is not None:
+                    items[item.id].append(orjson.loads(item.body))
+        chain: list[StoredResponse] = []
+        at: str | None = response_id
+        while at in rows and at in items and len(chain) < CHAIN_LIMIT:
+            row = rows.pop(at)          # popped: a cycle cannot come back to it
+            chain.append(StoredResponse(row.id, orjson.loads(row.body),
+                                        orjson.loads(row.history), items[row.id], owner,
+                                        row.parent_id))
+            at = row.parent_id
+        return chain[::-1] or None
 
     async def delete(self, response_id: str, owner: str) -> bool:
         return await self._run(self._delete, response_id, owner)
 
     def _delete(self, response_id: str, owner: str) -> bool:
+        r = responses
         with self.engine.begin() as db:
-            # the row first: a log append holding it finishes before, and its events go too
-            if not db.execute(sa.delete(responses).where(
-                    responses.c.id == response_id, responses.c.owner == owner)).rowcount:
+            # hold the row (PostgreSQL: waits for a log append holding it, and a later
+            # append waits for this and then finds it gone or a tombstone)
+            row = db.execute(sa.select(r.c.parent_id).where(
+                r.c.id == response_id, r.c.owner == owner, _LIVE).with_for_update()).first()
+            if row is None:
                 return False
-            for table, column in ((input_items, input_items.c.response_id),
-                                  (events, events.c.response_id)):
-                db.execute(sa.delete(table).where(column == response_id))
+            # the first write (SQLite: from here on, this transaction is the only writer)
+            if not db.execute(sa.update(r).where(
+                    r.c.id == response_id, r.c.owner == owner, _LIVE).values(
+                    deleted=True)).rowcount:
+                return False                # deleted by someone else meanwhile
+            db.execute(sa.delete(events).where(events.c.response_id == response_id))
+            if not _has_children(db, response_id):
+                _remove(db, response_id)
+                _collect(db, row.parent_id)
         return True
 
     # -- input items --------------------------------------------------------------------
@@ -172,7 +241,8 @@ class SQLStore:
         query = sa.select(t.c.position, t.c.body).where(t.c.response_id == response_id)
         with self.engine.connect() as db:
             if db.execute(sa.select(responses.c.id).where(
-                    responses.c.id == response_id, responses.c.owner == owner)).first() is None:
+                    responses.c.id == response_id, responses.c.owner == owner,
+                    _LIVE)).first() is None:
                 return [], False
             if after is not None:
                 pos = db.execute(sa.select(t.c.position).where(
@@ -221,7 +291,7 @@ class SQLStore:
     def _fail_unfinished(self, message: str) -> list[str]:
         with self.engine.begin() as db:
             rows = db.execute(sa.select(responses.c.id, responses.c.body).where(
-                responses.c.status.in_(["queued", "in_progress"]))).all()
+                responses.c.status.in_(["queued", "in_progress"]), _LIVE)).all()
             for row in rows:
                 self._fail(db, row.id, orjson.loads(row.body), message)
         return [row.id for row in rows]
@@ -251,9 +321,12 @@ class SQLStore:
         return await self._run(self._prune, older_than)
 
     def _prune(self, older_than: float) -> int:
+        """By age alone: a response others continue from goes too (retention is retention),
+        and their chains then start at the oldest response that remains."""
         with self.engine.begin() as db:
-            old = sa.select(responses.c.id).where(responses.c.created_at < older_than,
-                                                  responses.c.status.in_(list(TERMINAL)))
+            old = sa.select(responses.c.id).where(
+                responses.c.created_at < older_than,
+                sa.or_(responses.c.status.in_(list(TERMINAL)), responses.c.deleted))
             ids = [r.id for r in db.execute(old).all()]
             for table, column in ((responses, responses.c.id),
                                   (input_items, input_items.c.response_id),
@@ -263,9 +336,11 @@ class SQLStore:
         return len(ids)
 
     def count(self) -> int:
-        """Stored responses (sync: read by the metrics collector on a worker thread)."""
+        """Stored responses, tombstones aside (sync: read by the metrics collector on a
+        worker thread)."""
         with self.engine.connect() as db:
-            return db.execute(sa.select(sa.func.count()).select_from(responses)).scalar() or 0
+            return db.execute(sa.select(sa.func.count()).select_from(responses).where(
+                _LIVE)).scalar() or 0
 
     async def ping(self) -> None:
         await self._run(self._probe)
@@ -283,13 +358,56 @@ class SQLStore:
         await self._run(self.engine.dispose)
 
 
-_ALIVE = (sa.select(responses.c.id).where(responses.c.id == sa.bindparam("response_id"))
+_ALIVE = (sa.select(responses.c.id).where(responses.c.id == sa.bindparam("response_id"),
+                                          _LIVE)
           .with_for_update(read=True, key_share=True))
 _GUARDED_APPEND = sa.insert(events).from_select(
     ["response_id", "seq", "body"],
     sa.select(sa.bindparam("response_id", type_=sa.String), sa.bindparam("seq", type_=sa.Integer),
               sa.bindparam("body", type_=sa.Text)).where(sa.exists(_ALIVE)),
 ).execution_options(preserve_rowcount=True)      # (psycopg's is dropped otherwise)
+
+
+def _ancestry(response_id: str, owner: str) -> sa.Subquery:
+    """The ids of the live response and its ancestors: parent by parent (tombstones too)
+    while the parent exists and is the owner's, in one recursive CTE. UNION (not UNION ALL)
+    drops a row already found, so a cycle ends the walk; the LIMIT bounds a chain too long
+    to rebuild (``chain`` keeps its newest ``CHAIN_LIMIT``)."""
+    r = responses
+    walk = sa.select(r.c.id, r.c.parent_id).where(
+        r.c.id == response_id, r.c.owner == owner, _LIVE).cte("chain", recursive=True)
+    walk = walk.union(sa.select(r.c.id, r.c.parent_id).join_from(
+        walk, r, r.c.id == walk.c.parent_id).where(r.c.owner == owner))
+    return sa.select(walk.c.id).limit(CHAIN_LIMIT + 1).subquery()
+
+
+def _has_children(db: sa.Connection, response_id: str) -> bool:
+    """Whether any stored response (a tombstone too) continues from this one."""
+    return db.execute(sa.select(responses.c.id).where(
+        responses.c.parent_id == response_id).limit(1)).first() is not None
+
+
+def _remove(db: sa.Connection, response_id: str) -> None:
+    for table, column in ((responses, responses.c.id),
+                          (input_items, input_items.c.response_id),
+                          (events, events.c.response_id)):
+        db.execute(sa.delete(table).where(column == response_id))
+
+
+def _collect(db: sa.Connection, parent_id: str | None) -> None:
+    """After a response is removed: remove its parent if that is a tombstone nobody
+    continues from any more, then that one's parent, and so on up the chain. Each parent is
+    held before it is looked at, so a delete of it in flight finishes first (and then
+    either removed it or left a tombstone this sees)."""
+    seen: set[str] = set()
+    while parent_id is not None and parent_id not in seen and len(seen) < CHAIN_LIMIT:
+        seen.add(parent_id)
+        row = db.execute(sa.select(responses.c.parent_id, responses.c.deleted).where(
+            responses.c.id == parent_id).with_for_update()).first()
+        if row is None or not row.deleted or _has_children(db, parent_id):
+            return
+        _remove(db, parent_id)
+        parent_id = row.parent_id
 
 
 @contextlib.contextmanager
@@ -324,21 +442,38 @@ def _create_schema(engine: sa.Engine) -> None:
 
 def _migrate(engine: sa.Engine) -> None:
     """Bring a database made by an earlier Podium to this schema. Added so far: the owner
-    column (existing responses belong to NO_OWNER, the owner of a server without keys).
-    Safe when several replicas start at once."""
+    column (existing responses belong to NO_OWNER, the owner of a server without keys);
+    the parent_id column and its index, and the deleted column (existing responses: no
+    parent, as they carry their whole conversation in ``history``; not deleted). Safe when
+    several replicas start at once."""
     def columns() -> set[str]:
         return {c["name"] for c in sa.inspect(engine).get_columns(responses.name)}
 
-    if "owner" in columns():
-        return
-    try:
-        with engine.begin() as db:
-            db.execute(sa.text(f"ALTER TABLE {responses.name} ADD COLUMN owner VARCHAR(64) "
-                               f"NOT NULL DEFAULT '{NO_OWNER}'"))
-    except sa.exc.DBAPIError:
-        if "owner" not in columns():        # else another replica added it first
-            raise
-    log.info("response store: added the owner column (existing responses: no-key owner)")
+    def indexes() -> set[str | None]:
+        return {i["name"] for i in sa.inspect(engine).get_indexes(responses.name)}
+
+    def add(name: str, ddl: str, present: Callable[[], set[str]] | Callable[[], set[str | None]]
+            ) -> None:
+        try:
+            with engine.begin() as db:
+                db.execute(sa.text(ddl))
+        except sa.exc.DBAPIError:
+            if name not in present():       # else another replica added it first
+                raise
+        log.info("response store: added %s", name)
+
+    have = columns()
+    if "owner" not in have:
+        add("owner", f"ALTER TABLE {responses.name} ADD COLUMN owner VARCHAR(64) "
+            f"NOT NULL DEFAULT '{NO_OWNER}'", columns)
+    for name in ("parent_id", "deleted"):
+        if name not in have:
+            column = sa.schema.CreateColumn(responses.c[name]).compile(dialect=engine.dialect)
+            add(name, f"ALTER TABLE {responses.name} ADD COLUMN {column}", columns)
+    (index,) = [i for i in responses.indexes if "parent_id" in i.columns]
+    if index.name not in indexes():
+        add(str(index.name), str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)),
+            indexes)
 
 
 def _sqlite_pragmas(connection, _record) -> None:
