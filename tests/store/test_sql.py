@@ -2,8 +2,6 @@
 log writer, databases made before owners existed, and the rebuild after a crash."""
 
 import asyncio
-import os
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as Waiting
 
@@ -15,7 +13,6 @@ from podium.store.base import NO_OWNER, StoredResponse
 from podium.store.sql import _GUARDED_APPEND, SQLStore
 from tests.store.test_recover import logged_stream
 
-POSTGRES = os.environ.get("PODIUM_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 A, B = "key_aaaa", "key_bbbb"
 
 # the tables as Podium made them before responses had owners
@@ -30,46 +27,6 @@ OLD_SCHEMA = [
     "CREATE TABLE podium_events (response_id VARCHAR(64) NOT NULL, seq INTEGER NOT NULL, "
     "body TEXT NOT NULL, PRIMARY KEY (response_id, seq))",
 ]
-
-
-def postgres_url():
-    psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg")
-    try:
-        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError:
-        pytest.skip(f"no PostgreSQL at {POSTGRES} (set PODIUM_TEST_POSTGRES)")
-    schema = "podium_test_" + secrets.token_hex(6)      # each test its own tables
-    admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{POSTGRES}?options=-csearch_path%3D{schema}"
-    finally:
-        admin.execute(f"DROP SCHEMA {schema} CASCADE")
-        admin.close()
-
-
-@pytest.fixture
-def pg_url():
-    yield from postgres_url()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        yield from postgres_url()
-
-
-@pytest.fixture
-def open_store(url):
-    stores = []
-
-    def build(at=url):
-        stores.append(SQLStore(at))
-        return stores[-1]
-    yield build
-    for store in stores:
-        store.engine.dispose()
 
 
 def record(rid="resp_1", owner=A, status="completed"):
