@@ -1,4 +1,7 @@
-"""The (legacy) Completions service: raw prompts in, text_completion objects or chunks out."""
+"""The (legacy) Completions adapter: raw prompts in, text_completion objects or chunks out.
+
+No conversation and no dialect: the prompt is the caller's own text or token ids, and each
+choice's stream is the text pipeline alone (no output parsers)."""
 
 from __future__ import annotations
 
@@ -6,16 +9,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncGenerator
 
-from podium.api.generation import (Choice, cached_tokens, check_model, choice_seed, new_id,
-                                   off_loop, output_budget, run_choices, sampling_params, start,
-                                   stop_strings)
+from podium.api.common import sampling_params, stop_strings
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
-from podium.parsing.events import Finish
+from podium.generation import (Choice, check_model, choice_seed, new_id, off_loop,
+                               output_budget, run_choices, start)
 from podium.protocol.completions import CompletionRequest
 from podium.render.completions import CompletionChunks, CompletionFold, Echo
 from podium.settings import Settings
-from podium.text.pipeline import TextPipeline
+from podium.text.pipeline import TextPipeline, TextStream
 
 
 @dataclass
@@ -42,16 +44,16 @@ class CompletionService:
             for i in range(req.n):
                 choices.append(self._choice(req, p, budget, i))
                 echoes.append(p if req.echo else None)
-        prompt_tokens = sum(len(p.token_ids) for p in prompts)
         start(engine, choices)
         render_args = (new_id("cmpl"), int(time.time()), req.model)
         if req.stream:
-            chunks = CompletionChunks(*render_args, engine.tokenizer, req.logprobs, echoes)
-            return self._stream(req, choices, chunks, prompt_tokens)
-        fold = CompletionFold(engine.tokenizer, req.logprobs, echoes)
+            chunks = CompletionChunks(*render_args, engine.tokenizer, req.logprobs, echoes,
+                                      req.n)
+            return self._stream(req, choices, chunks)
+        fold = CompletionFold(engine.tokenizer, req.logprobs, echoes, req.n)
         async for index, event in run_choices(engine, choices):
-            fold.add(index, event, choices[index].pipeline)
-        return fold.result(*render_args, prompt_tokens, cached_tokens(choices, req.n))
+            fold.add(index, event)
+        return fold.result(*render_args)
 
     def _prompts(self, raw: Any) -> list[Prompt]:
         tok = self._engine.tokenizer
@@ -83,18 +85,16 @@ class CompletionService:
                                 sampling_params(req, budget, tok.vocab_size, seed),
                                 logprobs=req.logprobs,
                                 prompt_logprobs=req.logprobs if want and req.echo else None)
-        return Choice(request, TextPipeline(tok, stop_strings(req.stop), want))
+        return Choice(request, TextStream(TextPipeline(tok, stop_strings(req.stop), want),
+                                          prompt_tokens=len(prompt.token_ids)))
 
     async def _stream(self, req: CompletionRequest, choices: list[Choice],
-                      chunks: CompletionChunks, prompt_tokens: int) -> AsyncGenerator[dict, None]:
-        completion_tokens = 0
+                      chunks: CompletionChunks) -> AsyncGenerator[dict, None]:
         async for index, event in run_choices(self._engine, choices):
-            if isinstance(event, Finish):
-                completion_tokens += event.completion_tokens
-            for chunk in chunks.event(index, event, choices[index].pipeline):
+            for chunk in chunks.event(index, event):
                 yield chunk
         if req.stream_options is not None and req.stream_options.include_usage:
-            yield chunks.usage(prompt_tokens, completion_tokens, cached_tokens(choices, req.n))
+            yield chunks.usage_chunk()
 
 
 def _refuse_unsupported(req: CompletionRequest) -> None:

@@ -117,7 +117,8 @@ class Harmony:
             if not name:
                 raise InvalidRequestError(
                     f"The tool message's tool_call_id {message.get('tool_call_id')!r} matches "
-                    f"no earlier assistant tool call", param=f"messages[{index}].tool_call_id")
+                    f"no earlier assistant tool call",
+                    param=f"{message.get('where') or f'messages[{index}]'}.tool_call_id")
             author = oh.Author.new(oh.Role.TOOL, f"functions.{name}")
             return [oh.Message.from_author_and_content(author, content)
                     .with_channel("commentary").with_recipient("assistant")]

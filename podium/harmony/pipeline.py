@@ -1,8 +1,8 @@
 """A Harmony model's tokens to Podium's events, parsed token by token by openai-harmony.
 
 It takes the place of the text pipeline and output parser of other families (the engine
-outputs of one choice in, semantic events out), because Harmony's structure lives in special
-tokens, not in text:
+outputs of one choice in, semantic events out: a ``generation.ChoiceStream``), because
+Harmony's structure lives in special tokens, not in text:
 
 - ``analysis`` messages are reasoning;
 - ``final`` messages, and ``commentary`` messages without a recipient (preambles), are text;
@@ -18,7 +18,7 @@ import logging
 
 from podium.engine.base import EngineOutput, TokenLogprob
 from podium.harmony.format import Harmony
-from podium.parsing.events import Event, Finish, ReasoningDelta, TextDelta
+from podium.parsing.events import Event, Finish, ReasoningDelta, TextDelta, Usage
 from podium.parsing.tools.base import ToolParser, ToolSet
 from podium.text.stop import StopMatcher
 
@@ -37,7 +37,8 @@ class _Calls(ToolParser):
 
 class HarmonyPipeline:
     def __init__(self, harmony: Harmony, tools: ToolSet | None = None,
-                 stop: list[str] | None = None, want_logprobs: bool = False):
+                 stop: list[str] | None = None, want_logprobs: bool = False,
+                 prompt_tokens: int = 0):
         self._harmony = harmony
         self._parser = harmony.stream_parser()
         self._calls = _Calls(tools or ToolSet())
@@ -52,8 +53,9 @@ class HarmonyPipeline:
         self.completion_tokens = 0
         self.reasoning_tokens = 0
         self.finished = False
-        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.cached_tokens = 0
+        self._prompt_tokens = prompt_tokens
+        self._usage_sent = False
 
     def feed(self, out: EngineOutput) -> list[Event]:
         self.completion_tokens += len(out.token_ids)
@@ -162,3 +164,12 @@ class HarmonyPipeline:
             reason = "tool_calls"
         self.finished = True
         events.append(Finish(reason, self.completion_tokens))
+        events += self.finish()
+
+    def finish(self) -> list[Event]:
+        """The choice's usage (once; for a choice cut short, what it cost so far)."""
+        if self._usage_sent:
+            return []
+        self._usage_sent = True
+        return [Usage(self._prompt_tokens, self.completion_tokens, self.cached_tokens,
+                      self.reasoning_tokens)]

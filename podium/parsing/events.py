@@ -1,7 +1,8 @@
 """The semantic events every API renders: one stream per choice, folded for non-stream answers.
 
 A choice's raw text becomes, through the output parsers, a sequence of these; the chat
-renderer, the completions renderer and (later) the Responses renderer only ever see events.
+renderer, the completions renderer and the Responses renderer only ever see events; usage and
+prompt logprobs travel as events too, folded like the rest.
 """
 
 from __future__ import annotations
@@ -59,4 +60,25 @@ class Finish:
     completion_tokens: int
 
 
-Event = TextDelta | ReasoningDelta | ToolCallBegin | ToolCallArgsDelta | ToolCallEnd | Finish
+@dataclass(slots=True)
+class Usage:
+    """What the choice cost, counted from tokens: it follows the choice's ``Finish`` (or, for
+    a choice cut short, comes from ``ChoiceStream.finish()``). ``reasoning_tokens`` are the
+    generated tokens spent thinking, for every family."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0          # prompt tokens the engine reused from its cache
+    reasoning_tokens: int = 0
+
+
+@dataclass(slots=True)
+class PromptLogprobs:
+    """The prompt tokens' logprobs (Completions' ``echo``): before the choice's first text;
+    the first token has none."""
+
+    logprobs: list[TokenLogprob | None]
+
+
+Event = (TextDelta | ReasoningDelta | ToolCallBegin | ToolCallArgsDelta | ToolCallEnd | Finish
+         | Usage | PromptLogprobs)

@@ -28,6 +28,10 @@ class OutputParser:
         self._calls_finish = calls_finish     # "stop" under a named tool_choice, as OpenAI
         self._logprobs: list = []             # raw logprobs waiting for a text event
 
+    @property
+    def reasoning_state(self) -> str | None:
+        return self._reasoning.state if self._reasoning is not None else None
+
     def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
         reasoning, tools = self._reasoning, self._tools

@@ -22,6 +22,11 @@ class ReasoningParser:
         self._lead: list[str] = []  # blank text at the start, before we know what follows
         self.finished = False       # reasoning is over and nothing is held: all is content
 
+    @property
+    def state(self) -> str:
+        """"start" (not yet known), "reasoning", "after" (the close tag seen), "content"."""
+        return self._state
+
     @classmethod
     def starts_inside(cls, prompt: str, open_tag: str, close_tag: str) -> bool:
         tail = prompt.rstrip(_WS)

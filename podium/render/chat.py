@@ -12,15 +12,9 @@ from typing import Any
 
 from podium.engine.base import Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
-                                   ToolCallBegin, ToolCallEnd)
+                                   ToolCallBegin, ToolCallEnd, Usage)
 from podium.render.logprobs import chat_entry
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
-          ) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+from podium.render.usage import UsageFold
 
 
 def reasoning_fields(field: str) -> tuple[str, ...]:
@@ -66,10 +60,9 @@ class ChatChunks:
             return self._chunk(index, {}, event.reason)
         return None
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
-              ) -> dict[str, Any]:
-        return {**self._head, "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+    def usage(self, usage: UsageFold) -> dict[str, Any]:
+        """The last chunk (``stream_options.include_usage``): no choices, the usage."""
+        return {**self._head, "choices": [], "usage": usage.chat()}
 
 
 class _ChoiceFold:
@@ -91,7 +84,7 @@ class ChatFold:
         self._choices = [_ChoiceFold(logprobs) for _ in range(n)]
         self._tokenizer = tokenizer
         self._reasoning = reasoning_fields(reasoning_field)
-        self.completion_tokens = 0
+        self.usage = UsageFold(n, n)
 
     def add(self, index: int, event: Event) -> None:
         c = self._choices[index]
@@ -110,7 +103,8 @@ class ChatFold:
             c.calls[event.index]["function"]["arguments"] = event.arguments
         elif isinstance(event, Finish):
             c.finish = event.reason
-            self.completion_tokens += event.completion_tokens
+        elif isinstance(event, Usage):
+            self.usage.add(index, event)
 
     def _message(self, c: _ChoiceFold) -> dict[str, Any]:
         text = "".join(c.text)
@@ -123,8 +117,7 @@ class ChatFold:
             message["tool_calls"] = [c.calls[i] for i in sorted(c.calls)]
         return message
 
-    def result(self, completion_id: str, created: int, model: str,
-               prompt_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    def result(self, completion_id: str, created: int, model: str) -> dict[str, Any]:
         choices = [{"index": i, "message": self._message(c),
                     "logprobs": ({"content": c.logprobs, "refusal": None}
                                  if c.logprobs is not None else None),
@@ -132,4 +125,4 @@ class ChatFold:
                    for i, c in enumerate(self._choices)]
         return {"id": completion_id, "object": "chat.completion", "created": created,
                 "model": model, "choices": choices,
-                "usage": usage(prompt_tokens, self.completion_tokens, cached_tokens)}
+                "usage": self.usage.chat()}

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from podium.engine.base import TokenLogprob, Tokenizer
-from podium.parsing.events import Event, Finish, TextDelta
-from podium.render.chat import usage
+from podium.engine.base import Tokenizer
+from podium.parsing.events import Event, Finish, PromptLogprobs, TextDelta, Usage
 from podium.render.logprobs import LegacyLogprobs
-
-
-class EchoSource(Protocol):
-    prompt_logprobs: list[TokenLogprob | None] | None
+from podium.render.usage import UsageFold
 
 
 class Echo(Protocol):
@@ -26,18 +22,23 @@ class Echo(Protocol):
 class _Choices:
     """Per-choice state both renderings need: pending echo and running logprobs."""
 
-    def __init__(self, tokenizer: Tokenizer, logprobs: int | None, echoes: list[Echo | None]):
+    def __init__(self, tokenizer: Tokenizer, logprobs: int | None, echoes: list[Echo | None],
+                 n: int = 1):
         self._echoes = list(echoes)
         self._logprobs = ([LegacyLogprobs(tokenizer) for _ in echoes]
                           if logprobs is not None else None)
+        self.usage = UsageFold(len(echoes), n)
 
-    def echo(self, index: int, source: EchoSource) -> str | None:
-        """The prompt text to put before this choice's first output (once)."""
-        echo, self._echoes[index] = self._echoes[index], None
+    def echo(self, index: int, event: Event) -> str | None:
+        """The prompt text to put before this choice's first output (once); the prompt's
+        logprobs, when asked, are the choice's first event."""
+        echo = self._echoes[index]
         if echo is None:
             return None
+        self._echoes[index] = None
         if self._logprobs is not None:
-            scores = source.prompt_logprobs or [None] * len(echo.token_ids)
+            scores = (event.logprobs if isinstance(event, PromptLogprobs)
+                      else [None] * len(echo.token_ids))
             for token_id, lp in zip(echo.token_ids, scores):
                 self._logprobs[index].add(token_id, lp)
         return echo.text
@@ -53,8 +54,8 @@ class _Choices:
 
 class CompletionChunks(_Choices):
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
-                 logprobs: int | None, echoes: list[Echo | None]):
-        super().__init__(tokenizer, logprobs, echoes)
+                 logprobs: int | None, echoes: list[Echo | None], n: int = 1):
+        super().__init__(tokenizer, logprobs, echoes, n)
         self._head = {"id": completion_id, "object": "text_completion", "created": created,
                       "model": model}
 
@@ -63,9 +64,9 @@ class CompletionChunks(_Choices):
                                            "logprobs": self.take_logprobs(index),
                                            "finish_reason": finish}]}
 
-    def event(self, index: int, event: Event, source: EchoSource) -> list[dict[str, Any]]:
+    def event(self, index: int, event: Event) -> list[dict[str, Any]]:
         out = []
-        echo = self.echo(index, source)
+        echo = self.echo(index, event)
         if echo is not None:
             out.append(self._chunk(index, echo, None))
         if isinstance(event, TextDelta):
@@ -73,23 +74,23 @@ class CompletionChunks(_Choices):
             out.append(self._chunk(index, event.text, None))
         elif isinstance(event, Finish):
             out.append(self._chunk(index, "", event.reason))
+        elif isinstance(event, Usage):
+            self.usage.add(index, event)
         return out
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
-              ) -> dict[str, Any]:
-        return {**self._head, "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+    def usage_chunk(self) -> dict[str, Any]:
+        return {**self._head, "choices": [], "usage": self.usage.chat()}
 
 
 class CompletionFold(_Choices):
-    def __init__(self, tokenizer: Tokenizer, logprobs: int | None, echoes: list[Echo | None]):
-        super().__init__(tokenizer, logprobs, echoes)
+    def __init__(self, tokenizer: Tokenizer, logprobs: int | None, echoes: list[Echo | None],
+                 n: int = 1):
+        super().__init__(tokenizer, logprobs, echoes, n)
         self._text: list[list[str]] = [[] for _ in echoes]
         self._finish: list[str | None] = [None] * len(echoes)
-        self.completion_tokens = 0
 
-    def add(self, index: int, event: Event, source: EchoSource) -> None:
-        echo = self.echo(index, source)
+    def add(self, index: int, event: Event) -> None:
+        echo = self.echo(index, event)
         if echo is not None:
             self._text[index].append(echo)
         if isinstance(event, TextDelta):
@@ -97,14 +98,14 @@ class CompletionFold(_Choices):
             self.add_logprobs(index, event)
         elif isinstance(event, Finish):
             self._finish[index] = event.reason
-            self.completion_tokens += event.completion_tokens
+        elif isinstance(event, Usage):
+            self.usage.add(index, event)
 
-    def result(self, completion_id: str, created: int, model: str,
-               prompt_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    def result(self, completion_id: str, created: int, model: str) -> dict[str, Any]:
         choices = [{"index": i, "text": "".join(self._text[i]),
                     "logprobs": self.take_logprobs(i),
                     "finish_reason": self._finish[i] or "stop"}
                    for i in range(len(self._text))]
         return {"id": completion_id, "object": "text_completion", "created": created,
                 "model": model, "choices": choices,
-                "usage": usage(prompt_tokens, self.completion_tokens, cached_tokens)}
+                "usage": self.usage.chat()}

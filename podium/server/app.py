@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
 
 from podium.api.chat import ChatService
+from podium.dialect import select as select_dialect
 from podium.api.completions import CompletionService
 from podium.api.responses import ResponsesService
 from podium.api.sealing import Sealer, load_key
@@ -68,8 +69,9 @@ def respond(result: dict | AsyncGenerator[dict, None], *, responses_api: bool = 
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
     """The app serving ``engine``; the engine and the store close when the app shuts down."""
     store = SQLStore(settings.store_url)
-    chat = ChatService(engine, settings)
-    responses = ResponsesService(engine, chat, store, settings,
+    dialect = select_dialect(engine, settings)
+    chat = ChatService(engine, dialect, settings)
+    responses = ResponsesService(engine, dialect, store, settings,
                                  Sealer(load_key(settings.secret_key, data_dir())))
 
     @contextlib.asynccontextmanager
@@ -86,6 +88,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
                   summary="An OpenAI-compatible API server for open-weight models")
     app.router.route_class = PodiumRoute
     app.state.engine = engine
+    app.state.dialect = dialect
     app.state.chat = chat
     app.state.completions = CompletionService(engine, settings)
     app.state.responses = responses

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections import deque
 
 from podium.engine.base import EngineOutput, TokenLogprob, Tokenizer
-from podium.parsing.events import Event, Finish, TextDelta
+from podium.parsing.events import Event, Finish, PromptLogprobs, TextDelta, Usage
+from podium.parsing.pipeline import OutputParser
 from podium.text.detokenizer import Detokenizer
 from podium.text.stop import StopMatcher
 
 
 class TextPipeline:
     __slots__ = ("_detok", "_stops", "_want_logprobs", "_pending", "_produced", "_released",
-                 "completion_tokens", "finished", "prompt_logprobs",
-                 "cached_tokens")
+                 "completion_tokens", "finished", "cached_tokens")
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
                  want_logprobs: bool = False):
@@ -30,7 +30,6 @@ class TextPipeline:
         self._released = 0       # characters released to the client so far
         self.completion_tokens = 0
         self.finished = False
-        self.prompt_logprobs: list[TokenLogprob | None] | None = None   # for echo
         self.cached_tokens = 0   # prompt tokens the engine reused from its cache
 
     def feed(self, out: EngineOutput) -> list[Event]:
@@ -38,8 +37,6 @@ class TextPipeline:
         self.completion_tokens += len(out.token_ids)
         if out.cached_tokens:
             self.cached_tokens = out.cached_tokens
-        if out.prompt_logprobs is not None:
-            self.prompt_logprobs = out.prompt_logprobs
         ids = out.token_ids[:-1] if out.stopped_by_token else out.token_ids
         parts = []
         for i, token_id in enumerate(ids):
@@ -74,3 +71,48 @@ class TextPipeline:
         self.finished = True
         events.append(Finish(reason, self.completion_tokens))
         return events
+
+
+class TextStream:
+    """One choice of a text family, engine outputs in, semantic events out: the text pipeline,
+    then (chat) the output parser. It implements ``generation.ChoiceStream``: the usage
+    follows ``Finish`` as an event, and reasoning is counted in tokens, the tokens that came
+    while the reasoning parser was inside the reasoning section (its tags included).
+    """
+
+    __slots__ = ("_text", "_parser", "_prompt_tokens", "_reasoning_tokens", "_usage_sent")
+
+    def __init__(self, text: TextPipeline, parser: OutputParser | None = None,
+                 prompt_tokens: int = 0):
+        self._text = text
+        self._parser = parser
+        self._prompt_tokens = prompt_tokens
+        self._reasoning_tokens = 0
+        self._usage_sent = False
+
+    @property
+    def finished(self) -> bool:
+        return self._text.finished
+
+    def feed(self, out: EngineOutput) -> list[Event]:
+        text, parser = self._text, self._parser
+        events = text.feed(out)
+        if out.prompt_logprobs is not None:
+            events.insert(0, PromptLogprobs(out.prompt_logprobs))
+        if parser is not None:
+            before = parser.reasoning_state
+            events = parser.feed(events)
+            if before == "reasoning" or (before == "start" and parser.reasoning_state in
+                                         ("reasoning", "after")):
+                self._reasoning_tokens += len(out.token_ids)
+        if text.finished:
+            events += self.finish()
+        return events
+
+    def finish(self) -> list[Event]:
+        if self._usage_sent:
+            return []
+        self._usage_sent = True
+        text = self._text
+        return [Usage(self._prompt_tokens, text.completion_tokens, text.cached_tokens,
+                      self._reasoning_tokens)]

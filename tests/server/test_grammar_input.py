@@ -4,7 +4,7 @@ naming the parameter, before anything reaches the engine."""
 import pytest
 from starlette.testclient import TestClient
 
-from podium.api.conversation import ToolMap
+from podium.api.responses.translate import ToolMap, response_format
 from podium.server.app import create_app
 from podium.settings import Settings
 from tests.conftest import SERVED
@@ -142,20 +142,14 @@ def test_good_names_pass_and_quotes_in_values_are_escaped(served):
     assert '"\\"back\\\\\\\\slash\\""' in grammar
 
 
-def test_responses_params_map_back_to_the_request():
+def test_responses_tools_carry_their_place_in_the_request():
     tools = ToolMap([{"type": "function", "name": "a"},
                      {"type": "namespace", "name": "ns", "tools": [
                          {"type": "function", "name": "b"}, {"type": "custom", "name": "c"}]}])
-    assert tools.responses_param("tools[2].function.parameters") == "tools[1].tools[1].parameters"
-    assert tools.responses_param("tools[1].function.name") == "tools[1].tools[0].name"
-    assert tools.responses_param("tools") == "tools"
-    assert tools.responses_param("response_format.json_schema.schema") == "text.format.schema"
-    assert tools.responses_param("response_format") == "text.format"
-    assert tools.responses_param(None) is None
-
-
-# Exact parameters need one-line changes outside this work's files (see the report):
-# chat.py passing each tool's place to tool_call_grammar, responses.py mapping chat params.
+    assert [(t.name, t.where) for t in tools.tools] == [
+        ("a", "tools[0].parameters"), ("ns__b", "tools[1].tools[0].parameters"),
+        ("ns__c", "tools[1].tools[1].parameters")]
+    assert response_format({"type": "json_schema", "schema": {}}).where == "text.format.schema"
 
 def test_chat_tools_required_names_the_tool(served):
     client, _ = served

@@ -308,15 +308,15 @@ def test_truncation_of_a_long_history_takes_a_few_renders(app_for):
         items += [{"role": "user", "content": f"question {turn} " + "word " * 20},
                   {"role": "assistant", "content": f"answer {turn}"}]
     items.append({"role": "user", "content": "last question"})
-    chat = c.app.state.chat
+    dialect = c.app.state.dialect
     renders = []
-    real = chat.prepare
+    real = dialect.prompt
 
-    def counted(request):
-        renders.append(len(request.messages))
-        return real(request)
+    def counted(conversation, options):
+        renders.append(len(conversation.messages))
+        return real(conversation, options)
 
-    chat.prepare = counted
+    dialect.prompt = counted
     r = c.post(URL, json={"model": SERVED, "input": items, "max_output_tokens": 5,
                           "truncation": "auto"})
     assert r.status_code == 200, r.text
@@ -325,7 +325,7 @@ def test_truncation_of_a_long_history_takes_a_few_renders(app_for):
     kept = min(t for t in range(200) if f"question {t} " in prompt)
     assert "last question" in prompt and f"answer {kept}" in prompt
     # the turn before the kept ones does not fit with them: the tail is the longest one
-    chat.prepare = real
+    dialect.prompt = real
     longer = items[2 * (kept - 1):]
     r = c.post(URL, json={"model": SERVED, "input": longer, "max_output_tokens": 5})
     assert r.json()["error"]["code"] == "context_length_exceeded"

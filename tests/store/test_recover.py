@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from podium.api.conversation import ClientTool
+from podium.api.responses.translate import ClientTool
 from podium.parsing.events import (Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd)
 from podium.render.responses import ResponseBuilder, Sequencer, recover, response_skeleton

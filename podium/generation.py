@@ -1,6 +1,8 @@
-"""What the generating APIs share: request checks, sampling params, and the per-choice run.
+"""The generation stage: a conversation prepared for the engine, started, and run per choice.
 
-``run_choices`` drives one engine request per choice through its text pipeline and yields
+``prepare`` renders a ``Conversation`` in the model's ``Dialect`` and builds one ``Choice``
+per requested completion; ``start`` queues them with the engine atomically;
+``run_choices`` drives each choice's engine request through its ``ChoiceStream`` and yields
 ``(choice_index, event)`` pairs in the order they happen; it is the single stream every
 rendering (streamed chunks or a folded object) is computed from.
 """
@@ -13,16 +15,16 @@ import functools
 import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
 
 from podium import telemetry
-from podium.engine.base import (Engine, EngineOutput, EngineRequest, Generation,
-                                SamplingParams, TokenLogprob)
+from podium.conversation import Conversation, Options
+from podium.dialect import Dialect
+from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
 from podium.parsing.events import Event
-from podium.parsing.pipeline import OutputParser
-from podium.protocol.common import SamplingFields
+from podium.settings import Settings
 
 T = TypeVar("T")
 
@@ -36,22 +38,17 @@ def check_model(requested: str, engine: Engine) -> None:
                             f"'{engine.info.served_name}'", param="model")
 
 
-def stop_strings(stop: str | list[str] | None) -> list[str]:
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
-
-
-def output_budget(prompt_tokens: int, requested: int | None, context: int, cap: int = 0) -> int:
+def output_budget(prompt_tokens: int, requested: int | None, context: int, cap: int = 0,
+                  prompt_param: str = "messages", max_param: str = "max_tokens") -> int:
     """Max new tokens: as asked, or what the context has left (at most ``cap`` when set);
-    400 if that does not fit."""
+    400 if that does not fit (naming the caller's ``prompt_param`` / ``max_param``)."""
     if cap and requested is not None and requested > cap:
-        raise InvalidRequestError(f"max_tokens is {requested}; this server allows at most {cap}",
-                                  param="max_tokens")
+        raise InvalidRequestError(f"{max_param} is {requested}; this server allows at most "
+                                  f"{cap}", param=max_param)
     if prompt_tokens >= context:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens, but the prompt has "
-            f"{prompt_tokens} tokens", param="messages")
+            f"{prompt_tokens} tokens", param=prompt_param)
     if requested is None:
         return min(context - prompt_tokens, cap) if cap else context - prompt_tokens
     if prompt_tokens + requested > context:
@@ -59,46 +56,8 @@ def output_budget(prompt_tokens: int, requested: int | None, context: int, cap: 
             f"This model's maximum context length is {context} tokens. However, you requested "
             f"{prompt_tokens + requested} tokens ({prompt_tokens} in the prompt, {requested} "
             f"for the completion). Please reduce the prompt or the completion length.",
-            param="max_tokens")
+            param=max_param)
     return requested
-
-
-def sampling_params(req: SamplingFields, max_tokens: int, vocab_size: int,
-                    seed: int | None) -> SamplingParams:
-    return SamplingParams(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        min_p=req.min_p or 0.0,
-        seed=seed,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=req.repetition_penalty or 1.0,
-        logit_bias=logit_bias(req.logit_bias, vocab_size),
-        max_tokens=max_tokens,
-    )
-
-
-MAX_LOGIT_BIAS = 1024
-
-
-def logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
-    if raw and len(raw) > MAX_LOGIT_BIAS:
-        raise InvalidRequestError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens",
-                                  param="logit_bias")
-    out: dict[int, float] = {}
-    for key, bias in (raw or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise InvalidRequestError(f"logit_bias keys must be token ids; got {key!r}",
-                                      param="logit_bias") from None
-        if not 0 <= token < vocab_size:
-            raise InvalidRequestError(
-                f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})",
-                param="logit_bias")
-        out[token] = bias
-    return out
 
 
 def choice_seed(seed: int | None, default_seed: int, index: int) -> int | None:
@@ -113,27 +72,67 @@ def new_id(prefix: str) -> str:
 
 
 class ChoiceStream(Protocol):
-    """What turns one choice's engine outputs into events: the text pipeline (detokenizer,
-    stop strings, logprobs) or, for Harmony models, its token parser."""
+    """One choice's engine outputs in, semantic events out: ``TextStream`` (detokenizer, stop
+    strings, output parsers) for template dialects and Completions, ``HarmonyPipeline`` for
+    Harmony. The choice's last output yields its ``Finish`` and then its ``Usage``;
+    ``finish()`` gives the ``Usage`` of a choice cut short (nothing once it was given)."""
 
-    finished: bool                  # the choice ended (finish reason, or a stop string)
-    completion_tokens: int
-    cached_tokens: int              # prompt tokens the engine reused
-    prompt_logprobs: list[TokenLogprob | None] | None
+    @property
+    def finished(self) -> bool:
+        """The choice ended (a finish reason, or a stop string)."""
 
     def feed(self, out: EngineOutput) -> list[Event]: ...
+    def finish(self) -> list[Event]: ...
 
 
 @dataclass
 class Choice:
-    """One engine request, the stream that turns its tokens into events, and (text families)
-    the output parser that turns text into reasoning, tool calls and content. ``outputs`` is
+    """One engine request and the stream that turns its tokens into events. ``outputs`` is
     the engine's stream once ``start`` has queued the request."""
 
     request: EngineRequest
-    pipeline: ChoiceStream
-    parser: OutputParser | None = None
+    stream: ChoiceStream
     outputs: Generation | None = None
+
+
+@dataclass
+class Prepared:
+    prompt_tokens: int
+    choices: list[Choice]
+
+
+def check_options(options: Options) -> None:
+    """What no model can be asked, whatever its dialect."""
+    names = {t.name for t in options.tools}
+    if options.tool_choice == "required" and not names:
+        raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice")
+    named = options.named_call
+    if named is not None and named not in names:
+        raise InvalidRequestError(f"tool_choice names function {named!r}, which is not in "
+                                  f"tools", param="tool_choice")
+
+
+def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, options: Options,
+            settings: Settings) -> Prepared:
+    """Render, constrain and tokenize: the prompt's length and one ``Choice`` per
+    ``options.n``, ready for ``start``. Every API that speaks in messages starts here.
+
+    CPU-heavy and free of event-loop state: callers run it on a worker thread (``off_loop``).
+    """
+    check_options(options)
+    prompt = dialect.prompt(conversation, options)
+    grammar = dialect.constraint(options)      # built once, shared by the n choices
+    budget = output_budget(len(prompt.token_ids), options.max_tokens,
+                           engine.info.context_length, settings.max_tokens_cap,
+                           options.messages_param, options.max_tokens_param)
+    choices = []
+    for i in range(options.n):
+        sampling = replace(options.sampling, max_tokens=budget, grammar=grammar,
+                           seed=choice_seed(options.seed, settings.seed, i))
+        dialect.sampling(sampling)
+        request = EngineRequest(new_id("req"), prompt.token_ids, sampling, options.logprobs)
+        choices.append(Choice(request, dialect.stream(prompt, options)))
+    return Prepared(len(prompt.token_ids), choices)
 
 
 def start(engine: Engine, choices: list[Choice]) -> None:
@@ -154,30 +153,22 @@ async def run_choice(engine: Engine, index: int, choice: Choice
     record = telemetry.current()
     if record is not None and index == 0:
         record.prompt(len(choice.request.prompt_token_ids))
+    stream = choice.stream
     try:
-        parser = choice.parser
         async for out in outputs:
             if record is not None and out.token_ids:
                 record.tokens(len(out.token_ids))
-            events = choice.pipeline.feed(out)
-            for event in parser.feed(events) if parser is not None else events:
+            for event in stream.feed(out):
                 if record is not None and record.capture and hasattr(event, "text"):
                     record.output.append(event.text)
                 yield index, event
-            if choice.pipeline.finished:
+            if stream.finished:
                 break
     finally:
         # Stopping early (a stop string, a disconnect) must end the engine's work at once.
         await outputs.aclose()
-        if not choice.pipeline.finished:
+        if not stream.finished:
             await engine.abort(choice.request.request_id)
-
-
-def cached_tokens(choices: list[Choice], n: int = 1) -> int:
-    """Prompt tokens the engine reused: per prompt (``n`` choices each), the most any of its
-    choices reused."""
-    return sum(max(c.pipeline.cached_tokens for c in choices[i:i + n])
-               for i in range(0, len(choices), n))
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:

@@ -1,0 +1,131 @@
+"""A response's event log: written in batches while it runs, followed by any number of
+readers on any replica, and the last writes of runs that ended, kept until they are done.
+
+``EventLog`` appends one response's events to the store and wakes the followers waiting on
+it; it stops for good (``gone``) when the response is deleted: at once on this replica
+(``discard``), at its next append on any other (the store refuses it). ``Logs`` holds the
+logs open on this replica, ``follow`` replays a log and then tails it, and ``Finalizers``
+runs the last writes of a stream whose client has gone, each tracked until it finishes, so a
+shutdown waits for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncGenerator, Awaitable
+
+from podium.errors import StoreUnavailable
+from podium.store.base import TERMINAL, ResponseStore
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+FLUSH_EVENTS, FLUSH_SECONDS, POLL_SECONDS = 32, 0.05, 0.25
+
+
+class EventLog:
+    def __init__(self, store: ResponseStore, response_id: str):
+        self._store, self.response_id = store, response_id
+        self._batch: list[Obj] = []
+        self._last = time.monotonic()
+        self.changed = asyncio.Event()      # set (and replaced) after each write
+        self.gone = False
+
+    async def add(self, event: Obj) -> None:
+        if self.gone:
+            return
+        self._batch.append(event)
+        if (len(self._batch) >= FLUSH_EVENTS or event["type"] in TERMINAL_EVENTS
+                or time.monotonic() - self._last >= FLUSH_SECONDS):
+            await self.flush()
+
+    async def flush(self) -> None:
+        batch, self._batch = self._batch, []
+        self._last = time.monotonic()
+        if batch and not self.gone:
+            self.gone = not await self._store.append_events(self.response_id, batch)
+        self.wake()
+
+    def discard(self) -> None:
+        self.gone, self._batch = True, []
+        self.wake()
+
+    def wake(self) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+
+class Logs:
+    """The event logs open on this replica, and their followers."""
+
+    def __init__(self, store: ResponseStore):
+        self._store = store
+        self._open: dict[str, EventLog] = {}
+
+    def open(self, response_id: str) -> EventLog:
+        writer = self._open[response_id] = EventLog(self._store, response_id)
+        return writer
+
+    def close(self, writer: EventLog) -> None:
+        if self._open.get(writer.response_id) is writer:
+            del self._open[writer.response_id]
+        writer.wake()                   # followers look at the store from now on
+
+    def get(self, response_id: str) -> EventLog | None:
+        return self._open.get(response_id)
+
+    async def follow(self, response_id: str, after: int,
+                     owner: str) -> AsyncGenerator[Obj, None]:
+        """The logged events after ``after``, then live ones, up to the terminal event."""
+        store = self._store
+        while True:
+            events = await store.events_after(response_id, after)
+            for event in events:
+                yield event
+                after = event["sequence_number"]
+                if event["type"] in TERMINAL_EVENTS:
+                    return
+            writer = self._open.get(response_id)
+            if writer is not None and writer.gone:
+                writer = None           # deleted: the store says so at once
+            if not events and writer is None:
+                record = await store.get(response_id, owner)
+                if record is None or (record.status in TERMINAL and not
+                                      await store.events_after(response_id, after, 1)):
+                    return
+            try:
+                if writer is not None:
+                    await asyncio.wait_for(writer.changed.wait(), POLL_SECONDS)
+                else:
+                    await asyncio.sleep(POLL_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+
+
+class Finalizers:
+    """Last writes that must run to their end although their caller is going: each task is
+    kept until it is done, and ``drain`` waits for all of them (at shutdown)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except StoreUnavailable as exc:
+                log.warning("a stored response could not be finished: %s", exc.message)
+
+        task = asyncio.ensure_future(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

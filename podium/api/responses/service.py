@@ -1,0 +1,312 @@
+"""The Responses service: stateful responses, streamed from the same events as chat.
+
+The request becomes a ``Conversation`` and ``Options`` (``translate``), prepended with the
+stored conversation behind ``previous_response_id``; ``generation.prepare`` renders it in the
+model's dialect; a ``Run`` renders the choice's events as Responses events; an ``EventLog``
+keeps them for streamed and background responses (``log``). What is stored (SQL): the
+response object, its own input items and its parent's id (so a chain of N turns stores N
+turns, and its conversation is rebuilt by walking the chain), and for streamed or background
+responses an append-only event log that any replica can replay.
+
+A stored response belongs to its owner (the API key that made it, ``NO_OWNER`` without
+keys); every look-up takes the caller's owner, and another owner's response is as missing as
+one that never was (the same 404). A stored response is written before anything is
+generated, so a store that cannot take it fails the request cleanly (503). A delete deletes:
+the response's log writer on this replica stops at once, and on any replica an append finds
+the row gone and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncGenerator
+
+from podium.api.responses.log import EventLog, Finalizers, Logs
+from podium.api.responses.runner import Plan, Run
+from podium.api.responses.translate import (ToolMap, as_input, normalize_input, skeleton,
+                                            to_conversation, to_options, turn_starts)
+from podium.api.sealing import Sealer
+from podium.conversation import Options
+from podium.dialect import Dialect
+from podium.engine.base import Engine
+from podium.errors import (ContextLengthExceeded, InvalidRequestError, NotFoundError,
+                           StoreUnavailable)
+from podium.generation import Prepared, check_model, off_loop, prepare, start
+from podium.protocol.responses import ResponsesRequest
+from podium.settings import Settings
+from podium.store.base import NO_OWNER, TERMINAL, ResponseStore, StoredResponse
+
+log = logging.getLogger(__name__)
+
+
+class ResponsesService:
+    def __init__(self, engine: Engine, dialect: Dialect, store: ResponseStore,
+                 settings: Settings, sealer: Sealer):
+        self._engine = engine
+        self._dialect = dialect
+        self._store = store
+        self._settings = settings
+        self._sealer = sealer
+        self._running: dict[str, asyncio.Task] = {}     # background responses on this replica
+        self._logs = Logs(store)                        # responses being logged on it
+        self._finalizers = Finalizers()                 # last writes of ended streams
+        self._closing = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        failed = await self._store.fail_unfinished(
+            "The server stopped while this response was running")
+        if failed:
+            log.warning("marked %d interrupted responses failed", len(failed))
+        if self._settings.response_retention_days > 0:
+            cutoff = time.time() - self._settings.response_retention_days * 86400
+            await self._store.prune(cutoff)
+
+    async def shutdown(self) -> None:
+        """Leave running background responses for the next start to resolve."""
+        self._closing = True
+        for task in list(self._running.values()):
+            task.cancel()
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await self._finalizers.drain()
+
+    # -- create -------------------------------------------------------------------------
+
+    async def create(self, req: ResponsesRequest, owner: str = NO_OWNER
+                     ) -> dict[str, Any] | AsyncGenerator[dict, None]:
+        check_model(req.model, self._engine)
+        if req.background and not req.store:
+            raise InvalidRequestError("background responses must be stored (store: true)",
+                                      param="background")
+        plan = await self._plan(req, owner)
+        start(self._engine, [plan.choice])      # 429 / 400 now, before anything is stored
+        rid = plan.response["id"]
+        if req.background:
+            plan.response["status"] = "queued"
+        if req.store:       # first, so a store that cannot take it is a 503 before any work
+            await self._store_first(plan, owner)
+        if req.background:
+            writer = self._logs.open(rid)       # before any follower looks for it
+            self._running[rid] = asyncio.create_task(self._background(plan, writer))
+            return (self._logs.follow(rid, -1, owner) if req.stream
+                    else dict(plan.response, output=[]))
+        if req.stream:
+            return self._stream(plan, req.store)
+        return await self._respond(plan, req.store)
+
+    async def _store_first(self, plan: Plan, owner: str) -> None:
+        record = StoredResponse(plan.response["id"], dict(plan.response), [],
+                                plan.input_items, owner, parent_id=plan.parent_id)
+        try:
+            await self._store.put(record)
+        except BaseException:
+            if plan.choice.outputs is not None:     # already queued with the engine: drop it
+                await plan.choice.outputs.aclose()
+            raise
+
+    async def _plan(self, req: ResponsesRequest, owner: str) -> Plan:
+        items = normalize_input(req.input)
+        history: list[dict[str, Any]] = []
+        if req.previous_response_id:
+            history = await self._history(req.previous_response_id, owner)
+        tools = ToolMap(req.tools, strict=self._settings.strict_tools)
+        options = to_options(req, tools)
+        wheres = (["previous_response_id"] * len(history)
+                  + [f"input[{i}]" for i in range(len(items))])
+        prepared = await off_loop(self._prepare_fitting, req, history + items, wheres, tools,
+                                  options)
+        return Plan(skeleton(req), req.previous_response_id, items, prepared.prompt_tokens,
+                    prepared.choices[0], tools, options.logprobs,
+                    "reasoning.encrypted_content" in set(req.include or ()))
+
+    async def _history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
+        """The conversation up to and including a finished response's output, rebuilt from
+        the chain of stored responses that ends in it."""
+        chain = await self._store.chain(response_id, owner)
+        if not chain:
+            raise NotFoundError(f"No response with id {response_id!r}",
+                                param="previous_response_id")
+        previous = chain[-1]
+        if previous.status not in TERMINAL:
+            raise InvalidRequestError(
+                f"Response {response_id!r} is still {previous.status}: continue from it once "
+                f"it has finished", param="previous_response_id")
+        items: list[dict[str, Any]] = []
+        for i, record in enumerate(chain):
+            # a row stored before chains were linked holds its whole conversation itself
+            items += record.history if i == 0 and record.history else record.input_items
+            items += as_input(record.body.get("output") or [])
+        return items
+
+    def _prepare(self, req: ResponsesRequest, items: list[dict[str, Any]], wheres: list[str],
+                 tools: ToolMap, options: Options) -> Prepared:
+        """The conversation rendered and tokenized (on a worker thread: see ``off_loop``)."""
+        if not items:
+            raise InvalidRequestError("input is empty: give at least one item", param="input")
+        conversation = to_conversation(req.instructions, items, wheres, tools,
+                                       self._sealer.unseal)
+        return prepare(self._engine, self._dialect, conversation, options, self._settings)
+
+    def _prepare_fitting(self, req: ResponsesRequest, items: list[dict[str, Any]],
+                         wheres: list[str], tools: ToolMap, options: Options) -> Prepared:
+        """``_prepare`` of the whole conversation or, with ``truncation: "auto"``, of the
+        longest tail of whole turns that fits the context.
+
+        Shorter tails never need more tokens, so the cut is found by bisection over the turn
+        boundaries: a few renders for any length of history, not one per dropped turn.
+        """
+        try:
+            return self._prepare(req, items, wheres, tools, options)
+        except ContextLengthExceeded:
+            cuts = turn_starts(items)
+            if req.truncation != "auto" or len(cuts) == 1:
+                raise
+        fits: dict[int, Prepared] = {}
+
+        def attempt(j: int) -> bool:
+            try:
+                fits[j] = self._prepare(req, items[cuts[j]:], wheres[cuts[j]:], tools, options)
+                return True
+            except ContextLengthExceeded:
+                return False
+
+        low, high = 0, len(cuts) - 1         # cuts[low] does not fit
+        if not attempt(high):                # raises: nothing fits
+            return self._prepare(req, items[cuts[high]:], wheres[cuts[high]:], tools, options)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if attempt(middle):
+                high = middle
+            else:
+                low = middle
+        return fits[high]
+
+    # -- running ------------------------------------------------------------------------
+
+    def _run(self, plan: Plan) -> Run:
+        return Run(plan, self._engine, self._sealer.seal if plan.seal else None)
+
+    async def _respond(self, plan: Plan, store: bool) -> dict[str, Any]:
+        run = self._run(plan)
+        try:
+            async for _ in run.events():
+                pass
+        except BaseException as exc:
+            if store:       # a client that left, or a failure: the record says so
+                run.stop(exc)
+                self._finalizers.spawn(self._store.update(plan.response["id"], run.response))
+            raise
+        if store:
+            await self._store.update(plan.response["id"], run.response)
+        return run.response
+
+    async def _stream(self, plan: Plan, store: bool) -> AsyncGenerator[dict[str, Any], None]:
+        run = self._run(plan)
+        writer = self._logs.open(plan.response["id"]) if store else None
+        stopped: BaseException | None = None
+        try:
+            async for event in run.events():
+                if writer is not None:
+                    await writer.add(event)
+                yield event
+        except BaseException as exc:
+            stopped = exc
+            raise
+        finally:
+            if writer is not None:
+                events = run.stop(stopped) if stopped is not None else []
+                self._finalizers.spawn(self._finalize(writer, events, run.response))
+
+    async def _finalize(self, writer: EventLog, events: list[dict[str, Any]],
+                        response: dict[str, Any]) -> None:
+        try:
+            for event in events:
+                await writer.add(event)
+            await writer.flush()
+            if not writer.gone:
+                await self._store.update(response["id"], response)
+        finally:
+            self._logs.close(writer)
+
+    async def _background(self, plan: Plan, writer: EventLog) -> None:
+        rid = plan.response["id"]
+        run = self._run(plan)
+        try:
+            await self._store.update(rid, dict(plan.response, status="in_progress"))
+            async for event in run.events():
+                await writer.add(event)
+        except asyncio.CancelledError as exc:
+            if self._closing:
+                raise                   # shutting down: the next start resolves it
+            for event in run.stop(exc):
+                await writer.add(event)
+        except Exception as exc:  # noqa: BLE001 - a background failure is recorded, not raised
+            log.exception("background response %s failed", rid)
+            for event in run.stop(exc):
+                await writer.add(event)
+        finally:
+            try:
+                await writer.flush()        # what was produced is kept, even when stopping
+                if not self._closing and not writer.gone:
+                    await self._store.update(rid, run.response)
+            except StoreUnavailable as exc:
+                log.warning("background response %s was not stored: %s", rid, exc.message)
+            finally:
+                self._running.pop(rid, None)
+                self._logs.close(writer)
+
+    # -- reading back -------------------------------------------------------------------
+
+    async def retrieve(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        return (await self._get(response_id, owner)).body
+
+    async def _get(self, response_id: str, owner: str) -> StoredResponse:
+        record = await self._store.get(response_id, owner)
+        if record is None:      # or another owner's: the same answer, so ids reveal nothing
+            raise NotFoundError(f"No response with id {response_id!r}", param="response_id")
+        return record
+
+    async def stream_existing(self, response_id: str, starting_after: int,
+                              owner: str = NO_OWNER) -> AsyncGenerator[dict[str, Any], None]:
+        record = await self._get(response_id, owner)
+        if record.status in TERMINAL and not await self._store.events_after(response_id, -1, 1):
+            raise InvalidRequestError("This response has no event log to stream (it was "
+                                      "created without stream or background)",
+                                      param="stream")
+        return self._logs.follow(response_id, starting_after, owner)
+
+    async def cancel(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        record = await self._get(response_id, owner)
+        task = self._running.get(response_id)
+        if task is None:
+            raise InvalidRequestError(
+                f"Only a background response that is still running can be cancelled; this "
+                f"one is {record.status}", param="response_id")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return (await self._get(response_id, owner)).body
+
+    async def delete(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        await self._get(response_id, owner)
+        writer = self._logs.get(response_id)
+        if writer is not None:
+            writer.discard()            # not one more event of it is written here
+        task = self._running.get(response_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if not await self._store.delete(response_id, owner):
+            raise NotFoundError(f"No response with id {response_id!r}", param="response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def input_items(self, response_id: str, after: str | None, limit: int,
+                          order: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        await self._get(response_id, owner)
+        items, more = await self._store.input_items(response_id, owner, after=after,
+                                                    limit=limit, order=order)
+        return {"object": "list", "data": items,
+                "first_id": items[0]["id"] if items else None,
+                "last_id": items[-1]["id"] if items else None, "has_more": more}

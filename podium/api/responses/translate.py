@@ -1,0 +1,301 @@
+"""The Responses adapter's translation: its request in the conversation stage's terms.
+
+Input items (messages, function calls and their outputs, reasoning, custom tool calls)
+become a ``Conversation``; Responses tools (functions, namespaces of functions, freeform
+``custom`` tools) become the function ``Tool``s the model sees, with a map back to the names
+and kinds the client expects in the output; the request's other fields become ``Options``.
+Every error names the Responses request's own parameter (``input[2].content``,
+``tools[1].tools[0].parameters``, ``text.format.schema``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import TypeAdapter, ValidationError
+
+from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
+                                 Role, TextPart, Tool, ToolCall)
+from podium.engine.base import SamplingParams
+from podium.errors import InvalidRequestError
+from podium.protocol.chat import TOOL_NAME_PATTERN
+from podium.protocol.responses import InputItem, ResponsesRequest
+from podium.render.responses import response_skeleton
+
+log = logging.getLogger(__name__)
+
+_ITEMS = TypeAdapter(InputItem)
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+              "custom_tool_call": "ctc", "custom_tool_call_output": "ctco", "reasoning": "rs"}
+UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_interpreter",
+                     "image_generation", "computer_use_preview", "computer", "mcp",
+                     "local_shell", "shell", "apply_patch", "tool_search"}
+CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}},
+                     "required": ["input"]}
+MAX_TOOL_NAME = 128         # the flattened ``ns__fn`` included, as chat's function names
+_TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
+
+
+def new_item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def normalize_input(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Validated input items as plain dicts, each with an id (for listing them later)."""
+    if isinstance(raw, str):
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    items = []
+    for i, data in enumerate(raw):
+        if "type" not in data and "role" in data:
+            data = {**data, "type": "message"}
+        try:
+            item = _ITEMS.validate_python(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"][1:])
+            raise InvalidRequestError(f"Invalid input item {i}: {where}: {first['msg']}",
+                                      param=f"input[{i}]") from None
+        out = item.model_dump(exclude_none=True)
+        out["id"] = item.id or new_item_id(_ID_PREFIX[item.type])
+        items.append(out)
+    return items
+
+
+@dataclass(frozen=True)
+class ClientTool:
+    kind: str                 # "function" or "custom"
+    name: str
+    namespace: str | None = None
+
+
+class ToolMap:
+    """Request tools as the model sees them, and the way back to the client's names."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None, strict: bool = False):
+        self.tools: list[Tool] = []
+        self.by_model_name: dict[str, ClientTool] = {}
+        for i, tool in enumerate(tools or ()):
+            self._add(tool, None, strict, f"tools[{i}]")
+
+    def _add(self, tool: dict[str, Any], namespace: str | None, strict: bool, where: str) -> None:
+        kind = tool.get("type")
+        if kind == "namespace":
+            if tool.get("name") is not None:
+                _check_name(tool["name"], tool["name"], f"{where}.name")
+            for j, inner in enumerate(tool.get("tools") or ()):
+                self._add(inner, tool.get("name"), strict, f"{where}.tools[{j}]")
+            return
+        if kind not in ("function", "custom"):
+            if strict or kind not in UNSUPPORTED_TOOLS:
+                raise InvalidRequestError(f"Tool type {kind!r} is not supported", param=where)
+            log.warning("leaving out tool of type %r: Podium cannot run it", kind)
+            return
+        name = tool.get("name")
+        if not name:
+            raise InvalidRequestError("A tool needs a name", param=f"{where}.name")
+        model_name = f"{namespace}__{name}" if namespace else name
+        _check_name(name, model_name, f"{where}.name")
+        description = tool.get("description")
+        parameters = (tool.get("parameters") or {"type": "object", "properties": {}}
+                      if kind == "function" else CUSTOM_PARAMETERS)
+        if not isinstance(parameters, dict):
+            raise InvalidRequestError("A function's parameters must be a JSON schema object",
+                                      param=f"{where}.parameters")
+        if kind == "custom":
+            description = (description or "") + " (Put the whole input in the 'input' field.)"
+        self.tools.append(Tool(model_name, parameters, description or None,
+                               where=f"{where}.parameters"))
+        self.by_model_name[model_name] = ClientTool(kind, name, namespace)
+
+    def model_name(self, name: str, namespace: str | None = None) -> str:
+        return f"{namespace}__{name}" if namespace else name
+
+    def client(self, model_name: str) -> ClientTool:
+        return self.by_model_name.get(model_name) or ClientTool("function", model_name)
+
+    def tool_choice(self, choice: str | dict[str, Any] | None) -> str:
+        """``auto``, ``none``, ``required``, or the model's name of the one function."""
+        if choice is None:
+            return "auto"
+        if isinstance(choice, str):
+            return choice
+        kind = choice.get("type")
+        if kind in ("function", "custom"):
+            return self.model_name(choice.get("name", ""), choice.get("namespace"))
+        if kind == "allowed_tools":
+            mode = choice.get("mode") or "auto"
+            if mode not in ("auto", "required", "none"):
+                raise InvalidRequestError(f"allowed_tools mode {mode!r} is not supported",
+                                          param="tool_choice.mode")
+            return mode
+        raise InvalidRequestError(f"tool_choice of type {kind!r} is not supported",
+                                  param="tool_choice")
+
+
+def _check_name(name: Any, model_name: Any, where: str) -> None:
+    """Names the model sees (``ns__fn`` for a namespace's function) follow chat's rule."""
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(model_name):
+        raise InvalidRequestError(
+            "Tool names may contain only letters, digits, '_', '-' and '.'", param=where)
+    if len(model_name) > MAX_TOOL_NAME:
+        raise InvalidRequestError(f"Tool names (with their namespace) are limited to "
+                                  f"{MAX_TOOL_NAME} characters", param=where)
+
+
+def _parts(content: Any, where: str) -> list[TextPart]:
+    if isinstance(content, str):
+        return [TextPart(content)]
+    parts = []
+    for j, part in enumerate(content):
+        if part.get("type") not in _TEXT_TYPES:
+            raise InvalidRequestError(f"This model accepts text only; content of type "
+                                      f"{part.get('type')!r} is not supported",
+                                      param=f"{where}.content[{j}]")
+        parts.append(TextPart(part["text"]))
+    return parts
+
+
+_TEXT_TYPES = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
+
+
+def to_conversation(instructions: str | None, items: list[dict[str, Any]], wheres: list[str],
+                    tools: ToolMap, unseal: Callable[[str], str]) -> Conversation:
+    """The conversation of ``items`` (the whole of it, oldest first); ``wheres[i]`` is the
+    request's parameter for item i (``input[k]``, or ``previous_response_id`` for items of
+    the stored conversation)."""
+    messages: list[Message] = []
+    known_calls: set[str] = set()
+    closed: set[int] = set()        # assistant messages a tool output followed
+    reasoning: Reasoning | None = None
+    for i, item in enumerate(items):
+        where, kind = wheres[i], item["type"]
+        if kind == "message":
+            role: Role = "system" if item["role"] == "developer" else item["role"]
+            message = Message(role, _parts(item["content"], where), where)
+            if role == "assistant" and reasoning is not None:
+                message.reasoning, reasoning = reasoning, None
+            messages.append(message)
+        elif kind == "reasoning":
+            reasoning = _reasoning(item, unseal)
+        elif kind in ("function_call", "custom_tool_call"):
+            arguments = (item["arguments"] if kind == "function_call"
+                         else json.dumps({"input": item["input"]}, ensure_ascii=False))
+            call = ToolCall(item["call_id"], tools.model_name(item["name"],
+                                                              item.get("namespace")), arguments)
+            last = messages[-1] if messages else None
+            if last is None or last.role != "assistant" or id(last) in closed:
+                last = Message("assistant", [], where, empty=True)
+                messages.append(last)
+            if reasoning is not None:
+                last.reasoning, reasoning = reasoning, None
+            last.tool_calls.append(call)
+            known_calls.add(item["call_id"])
+        else:   # a call's output
+            if item["call_id"] not in known_calls:
+                raise InvalidRequestError(
+                    f"No tool call with call_id {item['call_id']!r} precedes this output",
+                    param=f"{where}.call_id")
+            if messages and messages[-1].role == "assistant":
+                closed.add(id(messages[-1]))
+            messages.append(Message("tool", _parts(item["output"], where), where,
+                                    tool_call_id=item["call_id"]))
+    return Conversation(messages, instructions or None)
+
+
+def _reasoning(item: dict[str, Any], unseal: Callable[[str], str]) -> Reasoning | None:
+    if item.get("encrypted_content"):
+        return Reasoning(unseal(item["encrypted_content"]), item["encrypted_content"])
+    parts = item.get("content") or item.get("summary") or []
+    text = "".join(p["text"] for p in parts)
+    return Reasoning(text) if text else None
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def to_options(req: ResponsesRequest, tools: ToolMap) -> Options:
+    include = set(req.include or ())
+    effort = (req.reasoning or {}).get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequestError(f"reasoning.effort must be one of {', '.join(EFFORTS)}",
+                                  param="reasoning.effort")
+    return Options(
+        model=req.model,
+        sampling=SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
+                                top_p=1.0 if req.top_p is None else req.top_p),
+        max_tokens=req.max_output_tokens,
+        seed=req.seed,
+        logprobs=((req.top_logprobs or 0) if "message.output_text.logprobs" in include
+                  else None),
+        tools=tools.tools,
+        tool_choice=(tools.tool_choice(req.tool_choice) if tools.tools    # none: a choice
+                     else "required" if req.tool_choice == "required" else "auto"),  # is moot
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        response_format=response_format((req.text or {}).get("format")),
+        reasoning_effort=effort,
+        messages_param="input",
+        max_tokens_param="max_output_tokens")
+
+
+def response_format(fmt: Any) -> ResponseFormat | None:
+    if fmt is not None and not isinstance(fmt, dict):
+        raise InvalidRequestError("text.format must be an object such as {\"type\": "
+                                  "\"json_object\"}", param="text.format")
+    if not fmt or fmt.get("type") in (None, "text"):
+        return None
+    if fmt["type"] == "json_object":
+        return ResponseFormat("json_object", where="text.format")
+    if fmt["type"] == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise InvalidRequestError("text.format json_schema needs schema, a JSON schema "
+                                      "object", param="text.format")
+        return ResponseFormat("json_schema", fmt["schema"], fmt.get("name", "output"),
+                              fmt.get("description"), where="text.format.schema")
+    raise InvalidRequestError(f"text.format of type {fmt['type']!r} is not supported",
+                              param="text.format")
+
+
+def skeleton(req: ResponsesRequest) -> dict[str, Any]:
+    """The response object before anything is generated (request fields echoed)."""
+    return response_skeleton(
+        id=new_item_id("resp"), created_at=time.time(), model=req.model,
+        instructions=req.instructions, tools=req.tools or [],
+        tool_choice=req.tool_choice or "auto",
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        temperature=req.temperature if req.temperature is not None else 1.0,
+        top_p=req.top_p if req.top_p is not None else 1.0,
+        max_output_tokens=req.max_output_tokens, max_tool_calls=req.max_tool_calls,
+        previous_response_id=req.previous_response_id, metadata=req.metadata or {},
+        background=req.background, text=req.text or {"format": {"type": "text"}},
+        reasoning=req.reasoning, truncation=req.truncation or "disabled", user=req.user,
+        prompt_cache_key=req.prompt_cache_key, safety_identifier=req.safety_identifier,
+        top_logprobs=req.top_logprobs, service_tier="default", store=req.store)
+
+
+def as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items, as input items of the next turn."""
+    items = []
+    for item in output:
+        if item.get("type") == "message":
+            items.append({"type": "message", "id": item["id"], "role": "assistant",
+                          "content": [{"type": "output_text", "text": p.get("text", "")}
+                                      for p in item.get("content") or ()]})
+        elif item.get("type") in ("function_call", "custom_tool_call", "reasoning"):
+            items.append({k: v for k, v in item.items() if k != "status"})
+    return items
+
+
+def turn_starts(items: list[dict[str, Any]]) -> list[int]:
+    """Where truncation may cut, oldest first: the start, each later user message (a turn's
+    calls go with their outputs), and as a last resort the last item alone."""
+    cuts = [0] + [i for i, item in enumerate(items) if i > 0 and item["type"] == "message"
+                  and item["role"] == "user"]
+    if cuts[-1] < len(items) - 1:
+        cuts.append(len(items) - 1)
+    return cuts

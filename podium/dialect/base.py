@@ -1,0 +1,46 @@
+"""A dialect: how one model is spoken to and how what it writes is read.
+
+Chosen once, when the model loads (``select``), from the model's chat template and the
+server's settings: the model's Jinja template with the reasoning and tool-call families it
+implies (``TemplateDialect``), or Harmony for gpt-oss (``HarmonyDialect``). A dialect owns
+everything family-specific, so the services hold no family branches:
+
+- ``prompt``: a ``Conversation`` and its ``Options`` rendered and tokenized;
+- ``constraint``: the grammar a forced tool call or a response format puts on decoding;
+- ``sampling``: what the dialect adds to every request's sampling (stop tokens);
+- ``stream``: one choice's ``ChoiceStream`` (engine outputs in, semantic events out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from podium.conversation import Conversation, Options
+from podium.engine.base import SamplingParams
+
+if TYPE_CHECKING:
+    from podium.generation import ChoiceStream
+
+
+@dataclass(slots=True)
+class Prompt:
+    token_ids: list[int]
+    text: str = ""              # the rendered text (template dialects; the parsers look at it)
+
+
+class Dialect(Protocol):
+    name: str                   # "template" or "harmony", shown in logs and /health
+
+    def prompt(self, conversation: Conversation, options: Options) -> Prompt:
+        """Rendered and tokenized; ``InvalidRequestError`` naming the caller's parameter
+        for anything this model cannot be asked."""
+
+    def constraint(self, options: Options) -> str | None:
+        """The GBNF grammar decoding must follow, or None."""
+
+    def sampling(self, params: SamplingParams) -> None:
+        """Add what every choice of this dialect needs (stop tokens) to ``params``."""
+
+    def stream(self, prompt: Prompt, options: Options) -> ChoiceStream:
+        """A fresh per-choice stream."""
