@@ -80,7 +80,8 @@ class TextStream:
     while the reasoning parser was inside the reasoning section (its tags included).
     """
 
-    __slots__ = ("_text", "_parser", "_prompt_tokens", "_reasoning_tokens", "_usage_sent")
+    __slots__ = ("_text", "_parser", "_prompt_tokens", "_reasoning_tokens", "_undecided",
+                 "_usage_sent")
 
     def __init__(self, text: TextPipeline, parser: OutputParser | None = None,
                  prompt_tokens: int = 0):
@@ -88,6 +89,7 @@ class TextStream:
         self._parser = parser
         self._prompt_tokens = prompt_tokens
         self._reasoning_tokens = 0
+        self._undecided = 0         # tokens before the parser knew whether reasoning began
         self._usage_sent = False
 
     @property
@@ -99,15 +101,25 @@ class TextStream:
         events = text.feed(out)
         if out.prompt_logprobs is not None:
             events.insert(0, PromptLogprobs(out.prompt_logprobs))
-        if parser is not None:
+        if parser is not None and parser.reasoning_state is not None:
             before = parser.reasoning_state
             events = parser.feed(events)
-            if before == "reasoning" or (before == "start" and parser.reasoning_state in
-                                         ("reasoning", "after")):
-                self._reasoning_tokens += len(out.token_ids)
+            self._count_reasoning(before, parser.reasoning_state, len(out.token_ids))
+        elif parser is not None:
+            events = parser.feed(events)
         if text.finished:
             events += self.finish()
         return events
+
+    def _count_reasoning(self, before: str | None, after: str | None, tokens: int) -> None:
+        if before == "reasoning":
+            self._reasoning_tokens += tokens
+        elif before == "start":
+            if after == "start":            # the opening tag may be coming: wait and see
+                self._undecided += tokens
+            elif after in ("reasoning", "after"):
+                self._reasoning_tokens += self._undecided + tokens
+                self._undecided = 0
 
     def finish(self) -> list[Event]:
         if self._usage_sent:
