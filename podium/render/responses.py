@@ -71,7 +71,6 @@ class ResponseBuilder:
         self._item: Obj | None = None   # the open output item
         self._parts: list[str] = []     # its text so far
         self._lps: list[Obj] = []       # its logprobs so far
-        self.reasoning_text: list[str] = []
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -85,7 +84,6 @@ class ResponseBuilder:
         if isinstance(event, TextDelta):
             return self._open("message") + self._text(event)
         if isinstance(event, ReasoningDelta):
-            self.reasoning_text.append(event.text)
             events = self._open("reasoning")
             self._parts.append(event.text)
             return events + self._delta("response.reasoning_text.delta", event.text,
