@@ -58,7 +58,9 @@ def serve(settings: Settings) -> None:
 
     check_names(settings.tool_parser, settings.reasoning_parser)
     path = resolve_model(settings.model, settings.model_file)
-    engine = LlamaCppEngine(path, served_name=served_name(settings, path),
+    name = served_name(settings, path)
+    settings.check_aliases(name)  # before the weights load
+    engine = LlamaCppEngine(path, served_name=name,
                             n_ctx=settings.ctx_size, n_batch=settings.batch_size,
                             n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
                             max_queued=settings.max_queued_requests,
@@ -76,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("serve", "model-path"):
         print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    settings = Settings.from_sources(argv[1:])
+    try:
+        settings = Settings.from_sources(argv[1:])
+    except ValueError as exc:  # a malformed setting (--model-alias, a config file ...)
+        print(f"podium: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

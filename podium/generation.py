@@ -29,11 +29,19 @@ from podium.settings import Settings
 T = TypeVar("T")
 
 
-def check_model(requested: str, engine: Engine) -> None:
+def serves(requested: str, engine: Engine, settings: Settings | None = None) -> bool:
+    """Whether ``requested`` names the served model, by its name or a ``--model-alias``."""
+    served = engine.info.served_name
+    return requested == served or (settings is not None
+                                   and settings.alias_for(requested) == served)
+
+
+def check_model(requested: str, engine: Engine, settings: Settings | None = None) -> None:
+    """404 ``model_not_found`` unless ``requested`` is the served model or an alias of it."""
     record = telemetry.current()
     if record is not None:
         record.model = requested
-    if requested != engine.info.served_name:
+    if not serves(requested, engine, settings):
         raise ModelNotFound(f"The model '{requested}' does not exist; this server serves "
                             f"'{engine.info.served_name}'", param="model")
 
@@ -122,8 +130,11 @@ def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, option
     check_options(options)
     prompt = dialect.prompt(conversation, options)
     grammar = dialect.constraint(options)      # built once, shared by the n choices
-    budget = output_budget(len(prompt.token_ids), options.max_tokens,
-                           engine.info.context_length, settings.max_tokens_cap,
+    context, asked = engine.info.context_length, options.max_tokens
+    if options.fit_max_tokens and asked is not None:
+        asked = max(1, min(asked, context - len(prompt.token_ids),
+                           settings.max_tokens_cap or asked))
+    budget = output_budget(len(prompt.token_ids), asked, context, settings.max_tokens_cap,
                            options.messages_param, options.max_tokens_param)
     choices = []
     for i in range(options.n):

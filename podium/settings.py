@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -31,6 +32,12 @@ class Settings:
     model_file: str | None = _opt(None, "File name inside the Hugging Face repo given by --model.")
     served_model_name: str | None = _opt(
         None, "The model id clients use (default: derived from the model file name).")
+    model_alias: tuple[str, ...] = _opt(
+        (), "Requests naming a model that matches the glob PATTERN (case-sensitive, e.g. "
+        "'claude-*') are served by SERVED, which must be the served model's name; answers "
+        "echo the name asked for, /v1/models still lists only SERVED. Repeat for several; "
+        "PODIUM_MODEL_ALIAS takes a comma-separated list.", multiple=True,
+        metavar="PATTERN=SERVED")
     api_key: list[str] = _opt(
         (), "API key clients must send as a Bearer token; repeat for several. "
         "PODIUM_API_KEY takes a comma-separated list.", multiple=True)
@@ -107,6 +114,31 @@ class Settings:
 
     config: str | None = _opt(None, "A TOML file of settings (names as below, with _ or -).")
 
+    def __post_init__(self) -> None:
+        aliases = self.model_alias
+        self.model_alias = (aliases,) if isinstance(aliases, str) else tuple(aliases)
+        for entry in self.model_alias:  # a malformed entry fails here, before any loading
+            _alias(entry)
+
+    @property
+    def aliases(self) -> list[tuple[str, str]]:
+        """The ``--model-alias`` entries as (pattern, served name) pairs, in order."""
+        return [_alias(entry) for entry in self.model_alias]
+
+    def alias_for(self, requested: str) -> str | None:
+        """The served name the first alias matching ``requested`` names, if any."""
+        for pattern, served in self.aliases:
+            if fnmatch.fnmatchcase(requested, pattern):
+                return served
+        return None
+
+    def check_aliases(self, served_name: str) -> None:
+        """ValueError unless every alias names ``served_name``, the model being served."""
+        for pattern, served in self.aliases:
+            if served != served_name:
+                raise ValueError(f"--model-alias {pattern}={served}: this server serves "
+                                 f"'{served_name}', not '{served}'")
+
     @classmethod
     def from_sources(cls, argv: list[str] | None = None,
                      environ: Mapping[str, str] | None = None) -> "Settings":
@@ -141,7 +173,8 @@ def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = 
         env = ENV_PREFIX + f.name.upper()
         help_text = f"{f.metadata['help']} [env {env}; default {f.default!r}]"
         if f.metadata.get("multiple"):
-            parser.add_argument(flag, action="append", default=None, help=help_text)
+            parser.add_argument(flag, action="append", default=None, help=help_text,
+                                metavar=f.metadata.get("metavar"))
         elif f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
@@ -149,6 +182,14 @@ def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = 
             kind = int if f.type in ("int", int) else str
             parser.add_argument(flag, type=kind, default=None, help=help_text)
     return parser
+
+
+def _alias(entry: str) -> tuple[str, str]:
+    pattern, eq, served = (part.strip() for part in entry.partition("="))
+    if not eq or not pattern or not served:
+        raise ValueError(f"--model-alias {entry!r}: expected PATTERN=SERVED, e.g. "
+                         "'claude-*=my-model'")
+    return pattern, served
 
 
 def _from_file(cls: type, path: str) -> dict[str, Any]:

@@ -1,6 +1,9 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from podium.cli import served_name
 from podium.settings import Settings
@@ -31,8 +34,39 @@ def test_served_name():
 def test_serve_help_documents_every_setting():
     out = podium("serve", "--help").stdout
     for flag in ("--host", "--port", "--model", "--served-model-name", "--api-key",
-                 "--ctx-size", "--threads", "--cors-origins", "PODIUM_API_KEY"):
+                 "--ctx-size", "--threads", "--cors-origins", "PODIUM_API_KEY",
+                 "--model-alias", "PODIUM_MODEL_ALIAS"):
         assert flag in out
+
+
+def test_model_alias_flag_repeats_and_environment_takes_a_list():
+    flags = ["--model-alias", "claude-*=m", "--model-alias", "gpt-?o = m"]
+    s = Settings.from_sources(flags, {"PODIUM_MODEL_ALIAS": "x=y"})
+    assert s.model_alias == ("claude-*=m", "gpt-?o = m")
+    assert s.aliases == [("claude-*", "m"), ("gpt-?o", "m")]
+    s = Settings.from_sources([], {"PODIUM_MODEL_ALIAS": "claude-*=m, gpt-*=m,"})
+    assert s.model_alias == ("claude-*=m", "gpt-*=m")
+    assert (s.alias_for("claude-haiku-4-5"), s.alias_for("Claude-x"), s.alias_for("o3")) == (
+        "m", None, None)
+    assert Settings.from_sources([], {}).model_alias == ()
+
+
+@pytest.mark.parametrize("entry", ["claude-haiku", "=m", "claude-*=", " = "])
+def test_malformed_model_alias_is_a_start_up_error(entry):
+    with pytest.raises(ValueError, match="expected PATTERN=SERVED"):
+        Settings(model_alias=(entry,))
+    r = podium("serve", "--model-alias", entry)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"podium: --model-alias {entry!r}: expected PATTERN=SERVED" in r.stderr
+    r = podium("serve", env={**os.environ, "PODIUM_MODEL_ALIAS": f"a=b,{entry}"})
+    assert r.returncode == 2 and "expected PATTERN=SERVED" in r.stderr
+
+
+def test_model_alias_to_a_model_not_served_is_a_start_up_error(model_path):
+    r = podium("serve", "--model-alias", "claude-*=claude-sonnet-4-5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert ("podium: --model-alias claude-*=claude-sonnet-4-5: this server serves "
+            "'qwen2.5-coder-0.5b-instruct', not 'claude-sonnet-4-5'") in r.stderr
 
 
 def test_missing_model_file_is_a_clear_message_not_a_traceback():

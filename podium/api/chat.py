@@ -36,7 +36,7 @@ class ChatService:
 
     async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
         """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
-        check_model(req.model, self._engine)
+        check_model(req.model, self._engine, self._settings)
         prepared = await off_loop(self._prepare, req)
         choices = prepared.choices
         start(self._engine, choices)

@@ -33,7 +33,7 @@ class CompletionService:
 
     async def create(self, req: CompletionRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
         engine = self._engine
-        check_model(req.model, engine)
+        check_model(req.model, engine, self._settings)
         _refuse_unsupported(req)
         prompts = await off_loop(self._prompts, req.prompt)
         choices: list[Choice] = []

@@ -19,6 +19,7 @@ from podium.api.responses import ResponsesService
 from podium.api.sealing import Sealer, load_key
 from podium.engine.base import Engine
 from podium.errors import ModelNotFound, error_body
+from podium.generation import serves
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
 from podium.protocol.responses import ResponsesRequest
@@ -67,7 +68,9 @@ def respond(result: dict | AsyncGenerator[dict, None], *, responses_api: bool = 
 
 
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
-    """The app serving ``engine``; the engine and the store close when the app shuts down."""
+    """The app serving ``engine``; the engine and the store close when the app shuts down.
+    ValueError if a ``--model-alias`` names another model than the engine serves."""
+    settings.check_aliases(engine.info.served_name)
     store = SQLStore(settings.store_url)
     dialect = select_dialect(engine, settings)
     chat = ChatService(engine, dialect, settings)
@@ -88,6 +91,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
                   summary="An OpenAI-compatible API server for open-weight models")
     app.router.route_class = PodiumRoute
     app.state.engine = engine
+    app.state.settings = settings
     app.state.dialect = dialect
     app.state.chat = chat
     app.state.completions = CompletionService(engine, settings)
@@ -170,9 +174,9 @@ def _routes(app: FastAPI) -> None:
     @app.get("/v1/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str, request: Request):
         engine = request.app.state.engine
-        if model_id != engine.info.served_name:
+        if not serves(model_id, engine, request.app.state.settings):
             raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
-        return json_response(_model_card(engine))
+        return json_response({**_model_card(engine), "id": model_id})  # an alias: as asked
 
     @app.get("/health")
     async def health(request: Request):

@@ -77,7 +77,7 @@ class ResponsesService:
 
     async def create(self, req: ResponsesRequest, owner: str = NO_OWNER
                      ) -> dict[str, Any] | AsyncGenerator[dict, None]:
-        check_model(req.model, self._engine)
+        check_model(req.model, self._engine, self._settings)
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored (store: true)",
                                       param="background")
