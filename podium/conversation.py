@@ -116,6 +116,7 @@ class Options:
     chat_template: str | None = None    # a per-request template (Chat's extension)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    fit_max_tokens: bool = False        # max_tokens is a ceiling: cut it to the room left
     messages_param: str = "messages"
     max_tokens_param: str = "max_tokens"
 

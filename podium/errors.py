@@ -1,4 +1,4 @@
-"""Podium's exceptions, and how each becomes an OpenAI error body.
+"""Podium's exceptions, and how each becomes an OpenAI (or Anthropic) error body.
 
 Every error a client can see is one of these, raised where it is found and turned into
 ``{"error": {"message", "type", "param", "code"}}`` in exactly one handler
@@ -12,6 +12,7 @@ Every error a client can see is one of these, raised where it is found and turne
     │   └── ModelNotFound            404 invalid_request_error / model_not_found
     ├── PayloadTooLarge              413 invalid_request_error / payload_too_large
     ├── RateLimited                  429 rate_limit_error / rate_limit_exceeded (Retry-After)
+    │   └── Overloaded               429 the engine's queue is full (Anthropic: 529)
     ├── EngineError                  500 server_error (the engine failed mid-request)
     ├── StoreUnavailable             503 server_error / store_unavailable (full, unreachable)
     └── ModelFilesError              (start-up only: the model file cannot be had)
@@ -94,6 +95,10 @@ class RateLimited(PodiumError):
         super().__init__(message, headers={"retry-after": str(retry_after)})
 
 
+class Overloaded(RateLimited):
+    """The engine cannot queue more work now (429; Anthropic's API says 529 overloaded)."""
+
+
 class EngineError(PodiumError):
     """The inference engine failed while serving a request (500)."""
 
@@ -116,3 +121,23 @@ def error_body(message: str, error_type: str, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     """The OpenAI error object, used for HTTP bodies and in-band stream errors alike."""
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+# Anthropic's error types by status (its Messages API answers in its own shape).
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> tuple[int, dict[str, Any]]:
+    """Anthropic's status and error object for an error of ``status``."""
+    kind = ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500
+                                           else "api_error")
+    return status, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if not isinstance(exc, PodiumError):
+        return anthropic_error(500, "The server had an error while processing your request.")
+    return anthropic_error(529 if isinstance(exc, Overloaded) else exc.status_code,
+                           exc.message)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable
 
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob, Tokenizer)
-from podium.errors import InvalidRequestError, RateLimited
+from podium.errors import InvalidRequestError, Overloaded
 
 Reply = str | list[int]
 
@@ -94,7 +94,7 @@ class ScriptedEngine:
             raise InvalidRequestError(f"This request needs {n} sequences at once; this server "
                                       f"holds at most {capacity}", param="n")
         if self.stats["running"] + self.stats["waiting"] + n > capacity:
-            raise RateLimited(f"The server is busy ({self.stats['running']} sequences running, "
+            raise Overloaded(f"The server is busy ({self.stats['running']} sequences running, "
                               f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:

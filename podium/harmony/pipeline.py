@@ -163,7 +163,9 @@ class HarmonyPipeline:
         if reason == "stop" and self._calls.calls:
             reason = "tool_calls"
         self.finished = True
-        events.append(Finish(reason, self.completion_tokens))
+        matched = self._stops.matched if self._stops is not None else None
+        events.append(Finish(reason, self.completion_tokens,
+                             matched if reason == "stop" else None))
         events += self.finish()
 
     def finish(self) -> list[Event]:

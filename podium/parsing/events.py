@@ -54,10 +54,12 @@ class ToolCallEnd:
 
 @dataclass(slots=True)
 class Finish:
-    """The choice ended: ``reason`` is stop / length / tool_calls (abort never reaches a client)."""
+    """The choice ended: ``reason`` is stop / length / tool_calls (abort never reaches a client);
+    ``stop_sequence`` is the stop string that ended it, if one did."""
 
     reason: str
     completion_tokens: int
+    stop_sequence: str | None = None
 
 
 @dataclass(slots=True)

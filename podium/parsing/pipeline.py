@@ -63,7 +63,7 @@ class OutputParser:
 
     def _finish(self, event: Finish) -> Finish:
         if self._tools is not None and self._tools.calls and event.reason == "stop":
-            return Finish(self._calls_finish, event.completion_tokens)
+            return Finish(self._calls_finish, event.completion_tokens, event.stop_sequence)
         return event
 
     def _attach_logprobs(self, out: list[Event]) -> list[Event]:

@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
 
 from podium.api.chat import ChatService
+from podium.api.messages import MessagesService
 from podium.dialect import select as select_dialect
 from podium.api.completions import CompletionService
 from podium.api.responses import ResponsesService
@@ -22,6 +23,7 @@ from podium.errors import ModelNotFound, error_body
 from podium.generation import serves
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
+from podium.protocol.messages import CountTokensRequest, MessagesRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.server import errors
 from podium.server.lifecycle import Drain
@@ -60,11 +62,11 @@ def _gauges(engine: Engine, store: SQLStore) -> dict[str, float]:
             "stored_responses": store.count()}
 
 
-def respond(result: dict | AsyncGenerator[dict, None], *, responses_api: bool = False
-            ) -> Response | SSEResponse:
+def respond(result: dict | AsyncGenerator[dict, None], *, responses_api: bool = False,
+            anthropic: bool = False) -> Response | SSEResponse:
     if isinstance(result, dict):
         return json_response(result)
-    return SSEResponse(result, responses_api=responses_api)
+    return SSEResponse(result, responses_api=responses_api, anthropic=anthropic)
 
 
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
@@ -74,8 +76,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     store = SQLStore(settings.store_url)
     dialect = select_dialect(engine, settings)
     chat = ChatService(engine, dialect, settings)
-    responses = ResponsesService(engine, dialect, store, settings,
-                                 Sealer(load_key(settings.secret_key, data_dir())))
+    sealer = Sealer(load_key(settings.secret_key, data_dir()))
+    responses = ResponsesService(engine, dialect, store, settings, sealer)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -95,6 +97,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.dialect = dialect
     app.state.chat = chat
     app.state.completions = CompletionService(engine, settings)
+    app.state.messages = MessagesService(engine, dialect, settings, sealer)
     app.state.responses = responses
     app.state.metrics = metrics = Metrics(lambda: _gauges(engine, store))
     app.state.drain = Drain()
@@ -166,6 +169,15 @@ def _routes(app: FastAPI) -> None:
                                order: Literal["asc", "desc"] = "desc"):
         return json_response(await request.app.state.responses.input_items(
             response_id, after, limit, order, _owner(request)))
+
+    @app.post("/v1/messages", responses=_STREAMING)
+    async def messages(body: MessagesRequest, request: Request):
+        return respond(await unless_gone(request, request.app.state.messages.create(body)),
+                       anthropic=True)
+
+    @app.post("/v1/messages/count_tokens", responses=_ERRORS)
+    async def count_tokens(body: CountTokensRequest, request: Request):
+        return json_response(await request.app.state.messages.count_tokens(body))
 
     @app.get("/v1/models")
     async def list_models(request: Request):

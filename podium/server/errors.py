@@ -1,4 +1,6 @@
-"""The one place where exceptions become OpenAI error responses."""
+"""The one place where exceptions become error responses: OpenAI's shape, or Anthropic's on
+the Messages API's routes (``/v1/messages...``), request validation included (400, never
+FastAPI's 422)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,26 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from podium import telemetry
-from podium.errors import PodiumError, error_body
+from podium.errors import PodiumError, anthropic_body, anthropic_error, error_body
 
 log = logging.getLogger(__name__)
 
 
-def error_response(status: int, body: dict, headers: dict[str, str] | None = None) -> Response:
+ANTHROPIC_PATHS = "/v1/messages"
+
+
+def anthropic(path: str) -> bool:
+    """The route answers in Anthropic's shapes."""
+    return path == ANTHROPIC_PATHS or path.startswith(ANTHROPIC_PATHS + "/")
+
+
+def error_response(status: int, body: dict, headers: dict[str, str] | None = None,
+                   request: Request | None = None) -> Response:
+    """``body`` is OpenAI's error object; on an Anthropic route it is answered in Anthropic's
+    shape (and status: 529 when the engine is overloaded)."""
     telemetry.note_error(body["error"].get("code") or body["error"]["type"])
+    if request is not None and anthropic(request.url.path):
+        status, body = anthropic_error(status, body["error"]["message"])
     return Response(orjson.dumps(body), status_code=status, media_type="application/json",
                     headers=headers)
 
@@ -40,14 +55,19 @@ def _location(loc: tuple) -> str:
     return out
 
 
-async def on_podium_error(_: Request, exc: Exception) -> Response:
+async def on_podium_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, PodiumError)     # registered for PodiumError
     if exc.status_code >= 500:
         log.error("request failed: %s", exc.message)
+    if anthropic(request.url.path):
+        telemetry.note_error(exc.code or exc.error_type)
+        status, body = anthropic_body(exc)
+        return Response(orjson.dumps(body), status_code=status, media_type="application/json",
+                        headers=exc.headers)
     return error_response(exc.status_code, exc.to_body(), headers=exc.headers)
 
 
-async def on_validation_error(_: Request, exc: Exception) -> Response:
+async def on_validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "Invalid request"}
@@ -58,23 +78,24 @@ async def on_validation_error(_: Request, exc: Exception) -> Response:
     else:
         message = "; ".join(f"{_location(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}"
                             for e in errors[:5])
-    return error_response(400, error_body(message, "invalid_request_error", param or None))
+    return error_response(400, error_body(message, "invalid_request_error", param or None),
+                          request=request)
 
 
-async def on_http_error(_: Request, exc: Exception) -> Response:
+async def on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     message = exc.detail if isinstance(exc.detail, str) else "Request failed"
     if exc.status_code == 404:
         message = "Not found: no such route"
     return error_response(exc.status_code, error_body(message, kind, None, None),
-                          headers=getattr(exc, "headers", None))
+                          headers=getattr(exc, "headers", None), request=request)
 
 
-async def on_unexpected(_: Request, exc: Exception) -> Response:
+async def on_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, error_body("The server had an error while processing your "
-                                          "request.", "server_error"))
+                                          "request.", "server_error"), request=request)
 
 
 def install(app: FastAPI) -> None:

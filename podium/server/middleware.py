@@ -21,22 +21,27 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from podium import telemetry
-from podium.errors import AuthenticationError, PayloadTooLarge, PodiumError, RateLimited
+from podium.errors import (AuthenticationError, Overloaded, PayloadTooLarge, PodiumError,
+                           RateLimited, anthropic_body)
+from podium.server.errors import anthropic
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-async def _send_error(send: Send, exc: PodiumError) -> None:
+async def _send_error(scope: Scope, send: Send, exc: PodiumError) -> None:
+    """The error in the shape of the API the path belongs to (Anthropic's or OpenAI's)."""
     telemetry.note_error(exc.code or exc.error_type)
     headers = [(b"content-type", b"application/json")]
     if isinstance(exc, AuthenticationError):
         headers.append((b"www-authenticate", b"Bearer"))
     for name, value in (exc.headers or {}).items():
         headers.append((name.encode(), value.encode()))
-    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": orjson.dumps(exc.to_body())})
+    status, body = (anthropic_body(exc) if anthropic(scope["path"])
+                    else (exc.status_code, exc.to_body()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": orjson.dumps(body)})
 
 
 def endpoint_of(path: str) -> str:
@@ -46,7 +51,8 @@ def endpoint_of(path: str) -> str:
         return "/v1/responses/{id}" + ("/" + rest[1] if len(rest) > 1 else "")
     if path.startswith("/v1/models/"):
         return "/v1/models/{id}"
-    return path if path in (*GENERATING, "/v1/models", *OPEN_PATHS) else "other"
+    return path if path in (*GENERATING, "/v1/messages/count_tokens", "/v1/models",
+                            *OPEN_PATHS) else "other"
 
 
 class RequestMiddleware:
@@ -71,7 +77,8 @@ class RequestMiddleware:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
                 message = {**message, "headers": [*message.get("headers", []),
-                                                  (b"x-request-id", rid.encode())]}
+                                                  (b"x-request-id", rid.encode()),
+                                                  (b"request-id", rid.encode())]}
             await send(message)
 
         async def capture(message_source=receive) -> Message:
@@ -109,14 +116,14 @@ class LimitMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         if self._per_minute and not self._take(self._client(scope)):
-            return await _send_error(send, RateLimited(
+            return await _send_error(scope, send, RateLimited(
                 f"Rate limit of {self._per_minute} requests per minute reached",
                 retry_after=max(1, int(60 / self._per_minute))))
         generating = scope["method"] == "POST" and scope["path"] in GENERATING
         if not generating or not self._max:
             return await self.app(scope, receive, send)
         if self._active >= self._max:
-            return await _send_error(send, RateLimited(
+            return await _send_error(scope, send, Overloaded(
                 f"The server is at its limit of {self._max} concurrent requests"))
         self._active += 1
         try:
@@ -150,8 +157,9 @@ def owner_id(key: bytes) -> str:
 
 
 class APIKeyMiddleware:
-    """Requires ``Authorization: Bearer <key>`` matching one of ``keys`` (constant time);
-    passes the key's ``owner_id`` inward as ``scope["state"]["owner"]``."""
+    """Requires ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``) matching
+    one of ``keys`` (constant time); passes the key's ``owner_id`` inward as
+    ``scope["state"]["owner"]``."""
 
     def __init__(self, app: ASGIApp, keys: list[str]):
         self.app = app
@@ -160,16 +168,20 @@ class APIKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        header = headers.get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
+        if not header and b"x-api-key" in headers:      # Anthropic's clients send this
+            scheme, token, header = b"bearer", headers[b"x-api-key"], headers[b"x-api-key"]
         token, owner = token.strip(), None
         for key, key_owner in self._keys:   # no early exit: every key is compared
             if hmac.compare_digest(token, key):
                 owner = key_owner
         if scheme.lower() != b"bearer" or owner is None:
             message = ("Incorrect API key provided." if header else
-                       "Missing API key: send it as 'Authorization: Bearer <key>'.")
-            return await _send_error(send, AuthenticationError(message))
+                       "Missing API key: send it as 'Authorization: Bearer <key>' (or "
+                       "'x-api-key: <key>').")
+            return await _send_error(scope, send, AuthenticationError(message))
         scope.setdefault("state", {})["owner"] = owner
         await self.app(scope, receive, send)
 
@@ -188,7 +200,7 @@ class BodyLimitMiddleware:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None:      # the server holds the client to its announced length
             if length.isdigit() and int(length) > self._limit:
-                return await _send_error(send, too_large)
+                return await _send_error(scope, send, too_large)
             return await self.app(scope, receive, send)
         # Chunked: read (and count) the body here, then replay it to the app.
         received, size = [], 0
@@ -198,7 +210,7 @@ class BodyLimitMiddleware:
                 return
             size += len(message.get("body", b""))
             if size > self._limit:
-                return await _send_error(send, too_large)
+                return await _send_error(scope, send, too_large)
             received.append(message)
             if not message.get("more_body"):
                 break

@@ -1,7 +1,8 @@
 """Server-sent events at the HTTP edge: JSON encoding, framing, errors after the first byte.
 
 ``SSEResponse`` streams an iterator of JSON-able objects as ``data:`` events and ends with
-``data: [DONE]``. Once the 200 has been sent no status can change, so a failure mid-stream
+``data: [DONE]`` (Chat, Completions), or as named events without ``[DONE]`` (Responses,
+Anthropic Messages). Once the 200 has been sent no status can change, so a failure mid-stream
 becomes an in-band ``{"error": ...}`` event, then ``[DONE]``, then the end of the body. A
 client that goes away cancels the stream at once, which closes the iterator and with it the
 engine request (abort), instead of waiting for the next write to fail.
@@ -17,7 +18,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from podium.errors import PodiumError, error_body
+from podium.errors import PodiumError, anthropic_body, error_body
 
 
 class ServerShuttingDown(PodiumError):
@@ -51,6 +52,10 @@ def error_frame(exc: BaseException) -> bytes:
     return frame(error_body("The server failed while streaming the response.", "server_error"))
 
 
+def anthropic_error_frame(exc: BaseException) -> bytes:
+    return named_frame(anthropic_body(exc)[1])
+
+
 def error_event_frame(exc: BaseException) -> bytes:
     body = (exc.to_body() if isinstance(exc, PodiumError) else error_body(
         "The server failed while streaming the response.", "server_error"))["error"]
@@ -61,12 +66,16 @@ def error_event_frame(exc: BaseException) -> bytes:
 class SSEResponse(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncGenerator[Any, None], *, responses_api: bool = False):
-        """``responses_api``: named events, an ``error`` event on failure, no ``[DONE]``."""
+    def __init__(self, events: AsyncGenerator[Any, None], *, responses_api: bool = False,
+                 anthropic: bool = False):
+        """``responses_api``: named events, an ``error`` event on failure, no ``[DONE]``;
+        ``anthropic``: the same, the error in Anthropic's shape."""
         self._events = events
-        self._frame = named_frame if responses_api else frame
-        self._error = error_event_frame if responses_api else error_frame
-        self._done = b"" if responses_api else DONE
+        named = responses_api or anthropic
+        self._frame = named_frame if named else frame
+        self._error = (anthropic_error_frame if anthropic else
+                       error_event_frame if responses_api else error_frame)
+        self._done = b"" if named else DONE
         self.status_code = 200
         self.background = None
         self.raw_headers = list(HEADERS)

@@ -69,7 +69,7 @@ class TextPipeline:
 
     def _finish(self, events: list[Event], reason: str) -> list[Event]:
         self.finished = True
-        events.append(Finish(reason, self.completion_tokens))
+        events.append(Finish(reason, self.completion_tokens, self._stops.matched))
         return events
 
 

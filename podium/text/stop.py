@@ -9,13 +9,14 @@ from __future__ import annotations
 
 
 class StopMatcher:
-    __slots__ = ("_stops", "_longest", "_held", "stopped")
+    __slots__ = ("_stops", "_longest", "_held", "stopped", "matched")
 
     def __init__(self, stops: list[str]):
         self._stops = [s for s in stops if s]
         self._longest = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None     # the stop string that ended the text
 
     def feed(self, delta: str) -> str:
         """The text that is safe to release; sets ``stopped`` when a stop string appears."""
@@ -51,7 +52,7 @@ class StopMatcher:
                 continue
             end = start + len(stop)
             if best_end < 0 or end < best_end or (end == best_end and start < best_start):
-                best_end, best_start = end, start
+                best_end, best_start, self.matched = end, start, stop
         return best_start
 
     def _partial_suffix(self, text: str) -> int:

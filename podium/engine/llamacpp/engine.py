@@ -44,7 +44,7 @@ from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
-from podium.errors import EngineError, InvalidRequestError, PodiumError, RateLimited
+from podium.errors import EngineError, InvalidRequestError, Overloaded, PodiumError
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class LlamaCppEngine:
                 f"{capacity} ({len(self._slots)} running, {self._max_queued} queued): ask "
                 f"for fewer choices or prompts", param="n")
         if self.stats["waiting"] + n > self._max_queued + self._free_slots():
-            raise RateLimited(f"The server is busy ({self.stats['running']} sequences running, "
+            raise Overloaded(f"The server is busy ({self.stats['running']} sequences running, "
                               f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
 
     def _free_slots(self) -> int:

@@ -1,0 +1,313 @@
+"""The Anthropic Messages adapter: ``/v1/messages`` and ``/v1/messages/count_tokens``.
+
+A third rendering of the one pipeline, not a translation through OpenAI JSON: the request
+becomes a ``Conversation`` and ``Options`` here, ``generation.prepare`` renders it in the
+model's dialect, and ``render.messages`` renders the choice's events as Anthropic's.
+
+- ``system`` (a string or text blocks) is the conversation's instructions. Claude Code's
+  first system block, ``x-anthropic-billing-header: ...``, carries a value that changes with
+  every request; it is left out of the prompt, or no request would reuse the previous one's
+  cached prefix.
+- Inline ``system`` messages (Claude Code sends them mid-conversation) stay system messages.
+- ``tool_result`` blocks become tool messages (before the user's text in the same turn);
+  ``is_error`` results say so in their text.
+- ``thinking`` blocks are trusted into the prompt only when their ``signature`` is this
+  server's seal of their text (``redacted_thinking``: their ``data``); others are left out.
+- ``tool_choice`` ``any`` / ``tool`` are forced by the same grammar as Chat's ``required`` /
+  named function; ``thinking: disabled`` turns the template's thinking switch off.
+- ``max_tokens`` is a ceiling: cut to what the context has left (Claude Code asks 32,000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from typing import Any, AsyncGenerator, AsyncIterator
+
+from podium.api.sealing import Sealer
+from podium.conversation import Conversation, Message, Options, Reasoning, TextPart, Tool, ToolCall
+from podium.dialect import Dialect
+from podium.engine.base import Engine, SamplingParams
+from podium.errors import InvalidRequestError
+from podium.generation import (Choice, Prepared, check_model, check_options, off_loop, prepare,
+                               run_choices, start)
+from podium.parsing.events import Event, Finish, Usage
+from podium.protocol.messages import CountTokensRequest, MessageParam, MessagesRequest
+from podium.render.messages import MessageBuilder
+from podium.settings import Settings
+
+log = logging.getLogger(__name__)
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+PING_SECONDS = 10.0         # a ping while nothing else is sent (a long prefill)
+_CLIENT_TOOL_TYPES = (None, "custom")
+
+
+class MessagesService:
+    def __init__(self, engine: Engine, dialect: Dialect, settings: Settings, sealer: Sealer):
+        self._engine = engine
+        self._dialect = dialect
+        self._settings = settings
+        self._sealer = sealer
+
+    async def create(self, req: MessagesRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
+        check_model(req.model, self._engine, self._settings)
+        prepared = await off_loop(self._prepare, req)
+        choice = prepared.choices[0]
+        start(self._engine, [choice])
+        builder = MessageBuilder(new_message_id(), req.model, prepared.prompt_tokens,
+                                 self._sealer.seal)
+        if req.stream:
+            return self._stream(builder, choice)
+        async for _ in self._events(builder, choice):
+            pass
+        return builder.message
+
+    async def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
+        """The prompt's tokens as the model would see them: template, system and tools."""
+        check_model(req.model, self._engine, self._settings)
+        return {"input_tokens": await off_loop(self._count, req)}
+
+    def _count(self, req: CountTokensRequest) -> int:
+        options = self._options(req, None)
+        check_options(options)
+        return len(self._dialect.prompt(self._conversation(req), options).token_ids)
+
+    def _prepare(self, req: MessagesRequest) -> Prepared:
+        options = self._options(req, req)
+        return prepare(self._engine, self._dialect, self._conversation(req), options,
+                       self._settings)
+
+    # -- running --------------------------------------------------------------------------
+
+    async def _events(self, builder: MessageBuilder, choice: Choice
+                      ) -> AsyncGenerator[dict[str, Any], None]:
+        for event in builder.start():
+            yield event
+        finish: Finish | None = None
+        usage: Usage | None = None
+        async for item in _with_pings(run_choices(self._engine, [choice])):
+            if item is None:
+                yield {"type": "ping"}
+                continue
+            semantic: Event = item[1]
+            if isinstance(semantic, Finish):
+                finish = semantic
+            elif isinstance(semantic, Usage):
+                usage = semantic
+            else:
+                for out in builder.event(semantic):
+                    yield out
+        for out in builder.finish(finish, usage or Usage(0, 0)):
+            yield out
+
+    async def _stream(self, builder: MessageBuilder, choice: Choice
+                      ) -> AsyncGenerator[dict[str, Any], None]:
+        async for event in self._events(builder, choice):
+            yield event
+
+    # -- translation ----------------------------------------------------------------------
+
+    def _conversation(self, req: CountTokensRequest | MessagesRequest) -> Conversation:
+        return Conversation(self._messages(req.messages), _system(req.system))
+
+    def _messages(self, messages: list[MessageParam]) -> list[Message]:
+        out: list[Message] = []
+        for i, message in enumerate(messages):
+            where = f"messages[{i}]"
+            if message.role == "assistant":
+                out.append(self._assistant(message.content, where))
+            elif message.role == "system":
+                out.append(Message("system", _text_blocks(message.content, where), where))
+            else:
+                out += _user(message.content, where)
+        return out
+
+    def _assistant(self, content: str | list[dict[str, Any]], where: str) -> Message:
+        message = Message("assistant", [], where)
+        if isinstance(content, str):
+            message.parts.append(TextPart(content))
+            return message
+        for j, block in enumerate(content):
+            kind, at = block.get("type"), f"{where}.content[{j}]"
+            if kind == "text":
+                message.parts.append(TextPart(_field(block, "text", str, at)))
+            elif kind == "tool_use":
+                arguments = json.dumps(_field(block, "input", dict, at), ensure_ascii=False)
+                message.tool_calls.append(ToolCall(_field(block, "id", str, at),
+                                                   _field(block, "name", str, at), arguments))
+            elif kind in ("thinking", "redacted_thinking"):
+                reasoning = self._reasoning(block, kind)
+                if reasoning is not None:
+                    message.reasoning = reasoning
+            else:
+                raise InvalidRequestError(f"Content blocks of type {kind!r} are not supported "
+                                          f"in assistant messages", param=at)
+        message.empty = not message.parts and bool(message.tool_calls)
+        return message
+
+    def _reasoning(self, block: dict[str, Any], kind: str) -> Reasoning | None:
+        """A thinking block this server signed, opened; anything else is left out."""
+        sealed = block.get("signature") if kind == "thinking" else block.get("data")
+        if not isinstance(sealed, str):
+            return None
+        try:
+            text = self._sealer.unseal(sealed)
+        except InvalidRequestError:
+            log.warning("leaving out a %s block this server did not sign", kind)
+            return None
+        if kind == "thinking" and text != block.get("thinking"):
+            log.warning("leaving out a thinking block whose text does not match its signature")
+            return None
+        return Reasoning(text, sealed)
+
+    def _options(self, req: CountTokensRequest | MessagesRequest,
+                 full: MessagesRequest | None) -> Options:
+        tools = self._tools(req)
+        choice, parallel = "auto", True
+        if req.tool_choice is not None:
+            kind = req.tool_choice.type
+            parallel = not req.tool_choice.disable_parallel_tool_use
+            if kind == "tool":
+                if not req.tool_choice.name:
+                    raise InvalidRequestError("tool_choice of type 'tool' needs a name",
+                                              param="tool_choice.name")
+                choice = req.tool_choice.name
+            else:
+                choice = {"auto": "auto", "any": "required", "none": "none"}[kind]
+        thinking = req.thinking is None or req.thinking.type != "disabled"
+        effort = (req.output_config or {}).get("effort")
+        options = Options(
+            model=req.model, sampling=SamplingParams(), tools=tools, tool_choice=choice,
+            parallel_tool_calls=parallel, thinking=thinking,
+            chat_template_kwargs=None if thinking else {"enable_thinking": False},
+            reasoning_effort=effort if isinstance(effort, str) else None,
+            fit_max_tokens=True, messages_param="messages", max_tokens_param="max_tokens")
+        if full is not None:
+            options.sampling = SamplingParams(
+                temperature=1.0 if full.temperature is None else full.temperature,
+                top_p=1.0 if full.top_p is None else full.top_p, top_k=full.top_k or 0)
+            options.max_tokens = full.max_tokens
+            options.stop = [s for s in full.stop_sequences or () if s]
+        return options
+
+    def _tools(self, req: CountTokensRequest | MessagesRequest) -> list[Tool]:
+        tools = []
+        for i, tool in enumerate(req.tools or ()):
+            where = f"tools[{i}]"
+            if tool.type not in _CLIENT_TOOL_TYPES or tool.input_schema is None:
+                if self._settings.strict_tools:
+                    raise InvalidRequestError(f"Tool {tool.name!r} of type {tool.type!r} is a "
+                                              f"server tool; Podium cannot run it", param=where)
+                log.warning("leaving out tool %r of type %r: Podium cannot run it",
+                            tool.name, tool.type)
+                continue
+            tools.append(Tool(tool.name, tool.input_schema, tool.description,
+                              where=f"{where}.input_schema"))
+        return tools
+
+
+def new_message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+def _system(system: str | list[dict[str, Any]] | None) -> str | None:
+    if system is None or isinstance(system, str):
+        return system or None
+    texts = []
+    for j, block in enumerate(system):
+        text = _field(block, "text", str, f"system[{j}]")
+        if block.get("type") != "text":
+            raise InvalidRequestError("system blocks must be text blocks", param=f"system[{j}]")
+        if j == 0 and text.startswith(BILLING_HEADER):
+            continue            # changes with every request: it would defeat prefix caching
+        texts.append(text)
+    return "\n\n".join(texts) or None
+
+
+def _user(content: str | list[dict[str, Any]], where: str) -> list[Message]:
+    """A user turn: its tool results (tool messages, first), then its text (if any)."""
+    if isinstance(content, str):
+        return [Message("user", [TextPart(content)], where)]
+    results: list[Message] = []
+    parts: list[TextPart] = []
+    for j, block in enumerate(content):
+        kind, at = block.get("type"), f"{where}.content[{j}]"
+        if kind == "text":
+            parts.append(TextPart(_field(block, "text", str, at)))
+        elif kind == "tool_result":
+            text = _result_text(block.get("content"), at)
+            if block.get("is_error"):
+                text = "Error: " + text
+            results.append(Message("tool", [TextPart(text)], at,
+                                   tool_call_id=_field(block, "tool_use_id", str, at)))
+        elif kind in ("image", "document"):
+            raise InvalidRequestError(f"This model accepts text only; content blocks of type "
+                                      f"{kind!r} are not supported", param=at)
+        else:
+            raise InvalidRequestError(f"Content blocks of type {kind!r} are not supported",
+                                      param=at)
+    return results + ([Message("user", parts, where)] if parts else [])
+
+
+def _result_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequestError("tool_result content must be a string or a list of blocks",
+                                  param=f"{where}.content")
+    return "\n".join(p.text for p in _text_blocks(content, f"{where}"))
+
+
+def _text_blocks(content: str | list[dict[str, Any]], where: str) -> list[TextPart]:
+    if isinstance(content, str):
+        return [TextPart(content)]
+    parts = []
+    for j, block in enumerate(content):
+        at = f"{where}.content[{j}]"
+        if block.get("type") != "text":
+            kind = block.get("type")
+            raise InvalidRequestError(
+                f"This model accepts text only; content blocks of type {kind!r} are not "
+                f"supported here", param=at)
+        parts.append(TextPart(_field(block, "text", str, at)))
+    return parts
+
+
+def _field(block: dict[str, Any], name: str, kind: type, where: str) -> Any:
+    value = block.get(name)
+    if not isinstance(value, kind):
+        raise InvalidRequestError(f"{block.get('type') or 'block'} blocks need {name!r} "
+                                  f"({kind.__name__})", param=f"{where}.{name}")
+    return value
+
+
+async def _with_pings(stream: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    """The stream's items, and None after every ``PING_SECONDS`` without one until the first
+    arrives (a queued request, a long prefill: the client's connection stays alive); then
+    the items alone, one hop each. Closing this closes the stream."""
+    first: asyncio.Future | None = asyncio.ensure_future(stream.__anext__())
+    try:
+        assert first is not None
+        while not (await asyncio.wait({first}, timeout=PING_SECONDS))[0]:
+            yield None
+        try:
+            item = first.result()
+        except StopAsyncIteration:
+            return
+        finally:
+            first = None
+        yield item
+        async for item in stream:
+            yield item
+    finally:
+        if first is not None:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
