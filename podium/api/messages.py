@@ -33,6 +33,7 @@ from podium.engine.base import Engine, SamplingParams
 from podium.errors import InvalidRequestError
 from podium.generation import (Choice, Prepared, check_model, check_options, off_loop, prepare,
                                run_choices, start)
+from podium.harmony.format import EFFORTS
 from podium.parsing.events import Event, Finish, Usage
 from podium.protocol.messages import CountTokensRequest, MessageParam, MessagesRequest
 from podium.render.messages import MessageBuilder
@@ -183,7 +184,7 @@ class MessagesService:
             model=req.model, sampling=SamplingParams(), tools=tools, tool_choice=choice,
             parallel_tool_calls=parallel, thinking=thinking,
             chat_template_kwargs=None if thinking else {"enable_thinking": False},
-            reasoning_effort=effort if isinstance(effort, str) else None,
+            reasoning_effort=effort if effort in EFFORTS else None,
             fit_max_tokens=True, messages_param="messages", max_tokens_param="max_tokens")
         if full is not None:
             options.sampling = SamplingParams(

@@ -23,14 +23,10 @@ class CallParser(Protocol):
 class OutputParser:
     def __init__(self, reasoning: ReasoningParser | None = None, tools: CallParser | None = None,
                  *, calls_finish: str = "tool_calls"):
-        self._reasoning = reasoning
+        self._reasoning = self.reasoning = reasoning
         self._tools = tools
         self._calls_finish = calls_finish     # "stop" under a named tool_choice, as OpenAI
         self._logprobs: list = []             # raw logprobs waiting for a text event
-
-    @property
-    def reasoning_state(self) -> str | None:
-        return self._reasoning.state if self._reasoning is not None else None
 
     def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []

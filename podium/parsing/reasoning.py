@@ -17,15 +17,11 @@ class ReasoningParser:
     def __init__(self, open_tag: str, close_tag: str, *, inside: bool = False):
         self.open_tag, self.close_tag = open_tag, close_tag
         self._close = Markers(close_tag)
-        self._state = "reasoning" if inside else "start"
+        # "start" (not yet known), "reasoning", "after" (the close tag seen), "content"
+        self.state = "reasoning" if inside else "start"
         self._buf = ""
         self._lead: list[str] = []  # blank text at the start, before we know what follows
         self.finished = False       # reasoning is over and nothing is held: all is content
-
-    @property
-    def state(self) -> str:
-        """"start" (not yet known), "reasoning", "after" (the close tag seen), "content"."""
-        return self._state
 
     @classmethod
     def starts_inside(cls, prompt: str, open_tag: str, close_tag: str) -> bool:
@@ -36,19 +32,19 @@ class ReasoningParser:
         self._buf += text
         out: list[Event] = []
         while self._buf:
-            used = getattr(self, "_s_" + self._state)(self._buf, out)
+            used = getattr(self, "_s_" + self.state)(self._buf, out)
             if used is None:
                 break
             self._buf = self._buf[used:]
-        self.finished = self._state == "content" and not self._buf
+        self.finished = self.state == "content" and not self._buf
         return out
 
     def flush(self) -> list[Event]:
         rest, self._buf = "".join(self._lead) + self._buf, ""
         self._lead = []
-        if not rest or self._state == "after":
+        if not rest or self.state == "after":
             return []
-        if self._state == "reasoning":
+        if self.state == "reasoning":
             return [ReasoningDelta(rest)]
         return [TextDelta(rest)]
 
@@ -61,9 +57,9 @@ class ReasoningParser:
             return None
         lead, self._lead = "".join(self._lead), []
         if buf.startswith(self.open_tag):
-            self._state = "reasoning"
+            self.state = "reasoning"
             return len(self.open_tag)
-        self._state = "content"
+        self.state = "content"
         if lead:
             out.append(TextDelta(lead + buf))
             return len(buf)
@@ -78,7 +74,7 @@ class ReasoningParser:
             return safe or None
         if pos:
             out.append(ReasoningDelta(buf[:pos]))
-        self._state = "after"
+        self.state = "after"
         return pos + len(marker)
 
     def _s_after(self, buf: str, out: list[Event]) -> int | None:
@@ -86,7 +82,7 @@ class ReasoningParser:
         stripped = buf.lstrip(_WS)
         if not stripped:
             return len(buf)
-        self._state = "content"
+        self.state = "content"
         return len(buf) - len(stripped)
 
     def _s_content(self, buf: str, out: list[Event]) -> int | None:

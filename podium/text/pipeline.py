@@ -80,38 +80,37 @@ class TextStream:
     while the reasoning parser was inside the reasoning section (its tags included).
     """
 
-    __slots__ = ("_text", "_parser", "_prompt_tokens", "_reasoning_tokens", "_undecided",
-                 "_usage_sent")
+    __slots__ = ("_text", "_parser", "_reasoning", "_prompt_tokens", "_reasoning_tokens",
+                 "_undecided", "_usage_sent", "finished")
 
     def __init__(self, text: TextPipeline, parser: OutputParser | None = None,
                  prompt_tokens: int = 0):
         self._text = text
         self._parser = parser
+        self._reasoning = parser.reasoning if parser is not None else None
         self._prompt_tokens = prompt_tokens
         self._reasoning_tokens = 0
         self._undecided = 0         # tokens before the parser knew whether reasoning began
         self._usage_sent = False
-
-    @property
-    def finished(self) -> bool:
-        return self._text.finished
+        self.finished = False
 
     def feed(self, out: EngineOutput) -> list[Event]:
-        text, parser = self._text, self._parser
+        text, parser, reasoning = self._text, self._parser, self._reasoning
         events = text.feed(out)
         if out.prompt_logprobs is not None:
             events.insert(0, PromptLogprobs(out.prompt_logprobs))
-        if parser is not None and parser.reasoning_state is not None:
-            before = parser.reasoning_state
+        if parser is not None and reasoning is not None and reasoning.state != "content":
+            before = reasoning.state
             events = parser.feed(events)
-            self._count_reasoning(before, parser.reasoning_state, len(out.token_ids))
+            self._count_reasoning(before, reasoning.state, len(out.token_ids))
         elif parser is not None:
             events = parser.feed(events)
         if text.finished:
+            self.finished = True
             events += self.finish()
         return events
 
-    def _count_reasoning(self, before: str | None, after: str | None, tokens: int) -> None:
+    def _count_reasoning(self, before: str, after: str, tokens: int) -> None:
         if before == "reasoning":
             self._reasoning_tokens += tokens
         elif before == "start":

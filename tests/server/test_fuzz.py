@@ -1,5 +1,5 @@
 """Schemathesis against Podium's own OpenAPI document: no 5xx, documented statuses, and every
-error body shaped like OpenAI's. Bounded so it fits CI (examples per operation below)."""
+error body shaped like its API's (OpenAI's; Anthropic's on /v1/messages). Bounded so it fits CI (examples per operation below)."""
 
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -25,10 +25,15 @@ def _app():
 schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
 
 
-def openai_shaped_errors(ctx, response, case):
+def api_shaped_errors(ctx, response, case):
+    """OpenAI's error object, or Anthropic's on the Messages API's routes."""
     if response.status_code >= 400 and response.headers.get("content-type", [""])[0].startswith(
             "application/json"):
         body = response.json()
+        if case.path.startswith("/v1/messages"):
+            assert set(body) == {"type", "error"} and body["type"] == "error", body
+            assert {"type", "message"} == set(body["error"]), body
+            return
         assert set(body) == {"error"}, body
         assert {"message", "type", "param", "code"} <= set(body["error"]), body
 
@@ -40,5 +45,5 @@ def no_server_errors(ctx, response, case):
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_endpoint_survives_generated_requests(case):
-    case.call_and_validate(checks=[no_server_errors, openai_shaped_errors,
+    case.call_and_validate(checks=[no_server_errors, api_shaped_errors,
                                    status_code_conformance, content_type_conformance])

@@ -136,10 +136,17 @@ def test_any_chunking_gives_the_same_message(serve, step):
                                             ({"type": "tool", "name": "get_weather"}, "named")])
 @pytest.mark.parametrize("stream", [False, True])
 def test_forced_tool_use_is_constrained_and_streams_its_input(serve, choice, forced, stream):
-    sdk, http = serve([CALL])
+    sdk, http = serve([CALL, CALL])
     if stream:
         with sdk.messages.stream(**ask(tools=TOOLS, tool_choice=choice)) as s:
             message = s.get_final_message()
+        events = frames(http.post(URL, json=ask(tools=TOOLS, tool_choice=choice,
+                                                stream=True)).text)
+        check_stream(events)
+        pieces = [e["delta"]["partial_json"] for e in events
+                  if e["type"] == "content_block_delta"
+                  and e["delta"]["type"] == "input_json_delta"]
+        assert len(pieces) > 1 and json.loads("".join(pieces)) == {"city": "Paris"}
     else:
         message = sdk.messages.create(**ask(tools=TOOLS, tool_choice=choice))
     assert message.content[-1].type == "tool_use"
