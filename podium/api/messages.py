@@ -15,7 +15,9 @@ model's dialect, and ``render.messages`` renders the choice's events as Anthropi
   server's seal of their text (``redacted_thinking``: their ``data``); others are left out.
 - ``tool_choice`` ``any`` / ``tool`` are forced by the same grammar as Chat's ``required`` /
   named function; ``thinking: disabled`` turns the template's thinking switch off.
-- ``max_tokens`` is a ceiling: cut to what the context has left (Claude Code asks 32,000).
+- ``max_tokens`` is a ceiling: cut to what the context has left (Claude Code asks 128,000).
+- ``output_config.format`` (a JSON schema) constrains the text like Chat's response_format;
+  ``thinking.display: "omitted"`` sends thinking blocks with their signature alone.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import secrets
 from typing import Any, AsyncGenerator, AsyncIterator
 
 from podium.api.sealing import Sealer
-from podium.conversation import Conversation, Message, Options, Reasoning, TextPart, Tool, ToolCall
+from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
+                                 TextPart, Tool, ToolCall)
 from podium.dialect import Dialect
 from podium.engine.base import Engine, SamplingParams
 from podium.errors import InvalidRequestError
@@ -58,8 +61,9 @@ class MessagesService:
         prepared = await off_loop(self._prepare, req)
         choice = prepared.choices[0]
         start(self._engine, [choice])
+        omit = req.thinking is not None and req.thinking.display == "omitted"
         builder = MessageBuilder(new_message_id(), req.model, prepared.prompt_tokens,
-                                 self._sealer.seal)
+                                 self._sealer.seal, omit_thinking=omit)
         if req.stream:
             return self._stream(builder, choice)
         async for _ in self._events(builder, choice):
@@ -159,7 +163,7 @@ class MessagesService:
         except InvalidRequestError:
             log.warning("leaving out a %s block this server did not sign", kind)
             return None
-        if kind == "thinking" and text != block.get("thinking"):
+        if kind == "thinking" and block.get("thinking") not in (text, ""):  # "": omitted
             log.warning("leaving out a thinking block whose text does not match its signature")
             return None
         return Reasoning(text, sealed)
@@ -179,12 +183,14 @@ class MessagesService:
             else:
                 choice = {"auto": "auto", "any": "required", "none": "none"}[kind]
         thinking = req.thinking is None or req.thinking.type != "disabled"
-        effort = (req.output_config or {}).get("effort")
+        config = req.output_config or {}
+        effort = config.get("effort")
         options = Options(
             model=req.model, sampling=SamplingParams(), tools=tools, tool_choice=choice,
             parallel_tool_calls=parallel, thinking=thinking,
             chat_template_kwargs=None if thinking else {"enable_thinking": False},
             reasoning_effort=effort if effort in EFFORTS else None,
+            response_format=_format(config.get("format")),
             fit_max_tokens=True, messages_param="messages", max_tokens_param="max_tokens")
         if full is not None:
             options.sampling = SamplingParams(
@@ -208,6 +214,18 @@ class MessagesService:
             tools.append(Tool(tool.name, tool.input_schema, tool.description,
                               where=f"{where}.input_schema"))
         return tools
+
+
+def _format(fmt: Any) -> ResponseFormat | None:
+    """``output_config.format``: structured output, constrained like Chat's response_format."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(
+            fmt.get("schema"), dict):
+        raise InvalidRequestError("output_config.format must be {\"type\": \"json_schema\", "
+                                  "\"schema\": {...}}", param="output_config.format")
+    return ResponseFormat("json_schema", fmt["schema"], fmt.get("name"), fmt.get("description"),
+                          where="output_config.format.schema")
 
 
 def new_message_id() -> str:

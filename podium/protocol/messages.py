@@ -43,6 +43,7 @@ class Thinking(BaseModel):
     model_config = LENIENT
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
+    display: str | None = None      # "omitted": thinking blocks carry only their signature
 
 
 class _Common(BaseModel):

@@ -6,7 +6,8 @@ so the non-stream answer is the fold of exactly what a stream would have sent.
 
 Blocks: one open at a time, indices from 0, each ``content_block_start`` closed by its
 ``content_block_stop``. A ``thinking`` block ends with a ``signature_delta``: its text sealed
-with the server's key, so the client's round trip is verified, not trusted. A ``tool_use``
+with the server's key, so the client's round trip is verified, not trusted (with
+``thinking.display: "omitted"`` the block shows no text, and the signature carries it back). A ``tool_use``
 block's ``input_json_delta`` pieces concatenate to its final input.
 """
 
@@ -42,12 +43,13 @@ def stop_reason(finish: Finish | None, called: bool) -> tuple[str, str | None]:
 
 class MessageBuilder:
     def __init__(self, message_id: str, model: str, prompt_tokens: int,
-                 seal: Callable[[str], str]):
+                 seal: Callable[[str], str], omit_thinking: bool = False):
         self.message: Obj = {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": usage_object(Usage(prompt_tokens, 0))}
         self._seal = seal
+        self._omit_thinking = omit_thinking  # ``display: omitted``: the signature alone
         self._block: Obj | None = None      # the open block
         self._parts: list[str] = []         # its text (or tool input) so far
         self._called = False
@@ -61,8 +63,9 @@ class MessageBuilder:
             return self._open("text") + self._delta({"type": "text_delta", "text": event.text},
                                                     event.text)
         if isinstance(event, ReasoningDelta):
-            return self._open("thinking") + self._delta(
-                {"type": "thinking_delta", "thinking": event.text}, event.text)
+            opened = self._open("thinking")
+            delta = self._delta({"type": "thinking_delta", "thinking": event.text}, event.text)
+            return opened if self._omit_thinking else opened + delta
         if isinstance(event, ToolCallBegin):
             self._called = True
             return self._close() + self._start(
@@ -123,8 +126,8 @@ class MessageBuilder:
         if block["type"] == "text":
             block["text"] = text
         elif block["type"] == "thinking":
-            block["thinking"] = text
-            block["signature"] = self._seal(text)
+            block["thinking"] = "" if self._omit_thinking else text
+            block["signature"] = self._seal(text)   # opens to the whole text either way
             events.append({"type": "content_block_delta", "index": index,
                            "delta": {"type": "signature_delta",
                                      "signature": block["signature"]}})

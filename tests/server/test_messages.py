@@ -369,3 +369,46 @@ def test_server_tools_are_left_out_or_refused_when_strict(serve):
     _, strict = serve(["ok"], strict_tools=True)
     anthropic_error(strict.post(URL, json=ask(tools=[*TOOLS, web])), 400,
                     "invalid_request_error")
+
+
+def test_an_error_after_the_stream_began_is_an_error_event(serve):
+    from tests.server.test_conversation_stage import _exploding
+    _, http = serve(["a long answer with many words in it"])
+    _exploding(http.engine, after=3)
+    r = http.post(URL, json=ask(stream=True))
+    assert r.status_code == 200
+    events = frames(r.text)
+    assert events[0]["type"] == "message_start" and events[-1]["type"] == "error"
+    assert events[-1]["error"]["type"] == "api_error" and events[-1]["error"]["message"]
+    assert "[DONE]" not in r.text
+
+
+def test_thinking_display_omitted_sends_the_signature_alone(serve):
+    sdk, http = serve(["<think>Secret plan.</think>Done."] * 2 + ["Next."], template=THINK)
+    body = ask(thinking={"type": "adaptive", "display": "omitted"})
+    events = frames(http.post(URL, json={**body, "stream": True}).text)
+    check_stream(events)
+    assert not any(e["type"] == "content_block_delta" and e["delta"]["type"] == "thinking_delta"
+                   for e in events)
+    first = http.post(URL, json=body).json()
+    assert first["content"][0]["type"] == "thinking" and first["content"][0]["thinking"] == ""
+    # the signature carries the thinking back into the prompt
+    http.post(URL, json=ask(messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": "Thanks."}]))
+    prompt = http.engine.tokenizer.decode(http.engine.requests[-1].prompt_token_ids)
+    assert "<think>Secret plan.</think>" in prompt
+
+
+def test_output_config_format_constrains_the_output(serve):
+    _, http = serve(['{"title": "Greeting"}'])
+    schema = {"type": "object", "properties": {"title": {"type": "string"}},
+              "required": ["title"], "additionalProperties": False}
+    r = http.post(URL, json=ask(tools=[], output_config={
+        "effort": "medium", "format": {"type": "json_schema", "schema": schema}}))
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["content"][0]["text"]) == {"title": "Greeting"}
+    assert http.engine.requests[-1].sampling.grammar is not None
+    anthropic_error(http.post(URL, json=ask(output_config={"format": {"type": "xml"}})), 400,
+                    "invalid_request_error")
