@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import itertools
 import time
 from pathlib import Path
@@ -30,6 +31,11 @@ ENGINES: dict[str, Callable[[Path], Engine]] = {
         path, served_name="m", n_ctx=1024, n_batch=64, n_threads=1,
         max_num_seqs=SLOTS, max_queued=QUEUED),
 }
+if importlib.util.find_spec("vllm"):            # where vLLM is installed
+    from podium.engine.vllm.engine import VllmEngine
+    ENGINES["vllm"] = lambda path: VllmEngine.from_gguf(
+        path, served_name="m", max_model_len=1024, enforce_eager=True, max_num_seqs=SLOTS,
+        max_queued=QUEUED, engine_args={"kv_cache_memory_bytes": 1 << 30})
 
 _ids = itertools.count()
 

@@ -1,0 +1,405 @@
+# mypy: disable-error-code="import-not-found, import-untyped"
+# (vLLM, torch and transformers are installed only where the vLLM engine runs)
+"""The vLLM engine: vLLM's ``AsyncLLM`` in this process, token ids in and out.
+
+vLLM runs its engine core (scheduler, KV cache, model workers) in child processes; this
+process keeps its ``AsyncLLM`` front-end, which lives on one event loop. Podium's callers may
+use any loop (the server's, or one per test), so the ``AsyncLLM`` gets its own loop on a
+daemon thread, and requests cross over: ``generate`` counts the request at once (waiting) and
+hands it to that loop; outputs come back to the caller's loop through an ``asyncio.Queue``.
+Closing, cancelling or dropping the outputs cancels the request's task on the vLLM loop,
+which aborts it in the engine core.
+
+Podium keeps its own detokenizer, stop strings and parsers: requests go with
+``detokenize=False`` and stop token ids only (Podium's end-of-generation ids, unless
+``ignore_eos``). The stop token comes back with the last output and is counted
+(``stopped_by_token``). A grammar goes as vLLM structured outputs (GBNF, through xgrammar).
+
+Stats: ``running`` and ``waiting`` split the requests Podium has in flight by vLLM's
+scheduler figures (from a stat logger); ``kv_tokens`` is what the KV cache holds: blocks in
+use by running requests, or, when more, the full blocks the prefix cache keeps (tracked here
+the way vLLM's cache does: a chain of block hashes, least recently used evicted first, since
+vLLM counts cached free blocks as free).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
+                                EngineStats, FinishReason, ModelInfo, TokenLogprob)
+from podium.engine.vllm.tokenizer import HfTokenizer
+from podium.errors import EngineError, InvalidRequestError, Overloaded, PodiumError
+
+log = logging.getLogger(__name__)
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}   # else: "abort"
+
+
+@dataclass(eq=False)
+class _Job:
+    request: EngineRequest
+    loop: asyncio.AbstractEventLoop             # the caller's loop
+    outputs: asyncio.Queue
+    aborted: bool = False
+    ended: bool = False                         # its last output (or error) was sent
+    task: asyncio.Task | None = None            # on the vLLM loop
+    seen: list[int] = field(default_factory=list)   # the tokens it produced (prefix cache)
+
+    def emit(self, item: EngineOutput | BaseException) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+
+
+class _Generation:
+    """One request's outputs on the caller's loop; closing or dropping them aborts it."""
+
+    def __init__(self, job: _Job, engine: "VllmEngine"):
+        self._job, self._engine = job, engine
+        self._done = False
+
+    def __aiter__(self) -> "_Generation":
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._job.outputs.get()
+        except BaseException:           # the consumer was cancelled: nobody reads on
+            self._end()
+            raise
+        if isinstance(item, BaseException):
+            self._done = True
+            if isinstance(item, PodiumError):
+                raise item
+            raise EngineError(f"The engine failed: {item}") from item
+        if item.finish_reason is not None:
+            self._done = True
+        return item
+
+    async def aclose(self) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine._cancel(self._job)
+
+    def __del__(self) -> None:
+        self._end()
+
+
+class _PrefixBlocks:
+    """The full KV blocks vLLM's prefix cache keeps, by the same rule: a block is known by
+    the hash of its tokens and of every block before it; least recently used goes first."""
+
+    def __init__(self, block_size: int, capacity: int):
+        self.block_size, self.capacity = block_size, capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def add(self, tokens: list[int]) -> None:
+        parent, bs = 0, self.block_size
+        for start in range(0, len(tokens) - bs + 1, bs):
+            parent = hash((parent, tuple(tokens[start:start + bs])))
+            self._blocks[parent] = None
+            self._blocks.move_to_end(parent)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+    def tokens(self) -> int:
+        return len(self._blocks) * self.block_size
+
+
+def _stat_logger_class() -> Any:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class PodiumStatLogger(StatLoggerBase):
+        """Hands vLLM's scheduler figures (one engine core of several, with data parallel)
+        to the engine."""
+
+        engine: "VllmEngine | None" = None
+
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None and self.engine is not None:
+                self.engine._record(engine_idx, scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return PodiumStatLogger
+
+
+class VllmEngine:
+    capabilities = Capabilities()       # sampling, grammars, logprobs, prefix caching: all
+
+    def __init__(self, model: str | Path, *, served_name: str | None = None,
+                 max_model_len: int | None = None, max_num_seqs: int = 4,
+                 max_queued: int = 256, enforce_eager: bool = False,
+                 tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                 data_parallel_size: int = 1, distributed_executor_backend: str | None = None,
+                 gpu_memory_utilization: float | None = None,
+                 engine_args: dict[str, Any] | None = None, startup_timeout: float = 900):
+        self.tokenizer = HfTokenizer.from_folder(model)
+        self._max_num_seqs, self._max_queued = max_num_seqs, max_queued
+        self._eos = self.tokenizer.eos_token_ids
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.Lock()           # stats change on both loops' threads
+        self._sched_running: dict[int, int] = {}
+        self._kv_used: dict[int, float] = {}
+        self.stats = EngineStats(*ENGINE_STATS)
+        args: dict[str, Any] = dict(
+            model=str(model), tokenizer=str(model), max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager, enable_prefix_caching=True,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            data_parallel_size=data_parallel_size, disable_log_stats=True)
+        if max_model_len:
+            args["max_model_len"] = max_model_len
+        if distributed_executor_backend:
+            args["distributed_executor_backend"] = distributed_executor_backend
+        if gpu_memory_utilization is not None:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+        args.update(engine_args or {})
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="podium-vllm",
+                                        daemon=True)
+        self._thread.start()
+        started = time.monotonic()
+        try:
+            self._llm = asyncio.run_coroutine_threadsafe(
+                self._start(args), self._loop).result(startup_timeout)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+        log.info("vLLM engine started in %.1f s", time.monotonic() - started)
+        config = self._llm.vllm_config
+        cache = config.cache_config
+        self._block_size = cache.block_size
+        blocks = cache.num_gpu_blocks or 0
+        self.stats["kv_capacity"] = blocks * self._block_size
+        self._prefix = _PrefixBlocks(self._block_size, blocks)
+        self.info = ModelInfo(served_name=served_name or Path(str(model)).name,
+                              context_length=config.model_config.max_model_len,
+                              chat_template=self.tokenizer.chat_template,
+                              created=int(os.stat(model).st_mtime) if os.path.exists(model)
+                              else int(time.time()),
+                              metadata={"general.architecture":
+                                        config.model_config.hf_config.model_type})
+
+    @classmethod
+    def from_gguf(cls, path: Path, **options: Any) -> "VllmEngine":
+        """Serve a GGUF model through its bf16 safetensors folder (made once, cached)."""
+        from podium.engine.vllm.weights import hf_folder_from_gguf
+
+        return cls(hf_folder_from_gguf(path), **options)
+
+    async def _start(self, args: dict[str, Any]) -> Any:
+        """Build the ``AsyncLLM`` on its own loop (its output handler starts there)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")         # vLLM's and torch's import-time noise
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            logger_class = _stat_logger_class()
+            logger_class.engine = self
+            try:
+                engine_args = AsyncEngineArgs(**args)
+            except TypeError as exc:
+                raise InvalidRequestError(f"Unknown vLLM engine argument: {exc}") from exc
+            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[logger_class])
+
+    # -- the boundary ---------------------------------------------------------------------
+
+    def check_room(self, n: int = 1) -> None:
+        """400 when ``n`` requests exceed ``max_num_seqs`` + ``max_queued``, 429 when they do
+        not fit beside those in flight now."""
+        capacity = self._max_num_seqs + self._max_queued
+        if n > capacity:
+            raise InvalidRequestError(
+                f"This request needs {n} sequences at once; this server holds at most "
+                f"{capacity} ({self._max_num_seqs} running, {self._max_queued} queued): ask "
+                f"for fewer choices or prompts", param="n")
+        if len(self._jobs) + n > capacity:
+            raise Overloaded(f"The server is busy ({self.stats['running']} sequences running, "
+                              f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
+
+    def generate(self, request: EngineRequest) -> _Generation:
+        job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            self._jobs[request.request_id] = job
+            self._split()
+        self._loop.call_soon_threadsafe(self._begin, job)
+        return _Generation(job, self)
+
+    async def abort(self, request_id: str) -> None:
+        job = self._jobs.get(request_id)
+        if job is not None:
+            self._cancel(job)
+
+    async def aclose(self) -> None:
+        for job in list(self._jobs.values()):
+            self._cancel(job)
+        if self._loop.is_closed():
+            return
+
+        async def shut() -> None:
+            self._llm.shutdown()
+
+        try:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shut(), self._loop))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join, 30)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    # -- on the vLLM loop -----------------------------------------------------------------
+
+    def _cancel(self, job: _Job) -> None:
+        """From any thread: end ``job`` soon (its task is cancelled: vLLM aborts it)."""
+        job.aborted = True
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._cancel_task, job)
+
+    @staticmethod
+    def _cancel_task(job: _Job) -> None:
+        if job.task is not None and not job.task.done():
+            job.task.cancel()
+
+    def _begin(self, job: _Job) -> None:
+        job.task = self._loop.create_task(self._serve(job))
+        job.task.add_done_callback(lambda task: self._finished(job, task))
+
+    def _finished(self, job: _Job, task: asyncio.Task) -> None:
+        """However the task ended, the request ends once: an abort if it sent no last
+        output (cancelled, even before it began), the error if it failed."""
+        if job.ended:
+            return
+        error = None if task.cancelled() else task.exception()
+        self._leave(job)
+        job.emit(error if error is not None else EngineOutput([], finish_reason="abort"))
+
+    def _leave(self, job: _Job) -> None:
+        job.ended = True
+        with self._lock:
+            self._jobs.pop(job.request.request_id, None)
+            self._split()
+        if job.seen:
+            self._prefix.add(job.request.prompt_token_ids + job.seen)
+            self._kv_tokens()
+
+    async def _serve(self, job: _Job) -> None:
+        from vllm.inputs import TokensPrompt
+
+        req = job.request
+        if job.aborted:
+            return                      # ``_finished`` sends the abort
+        params = self._params(req)
+        scoring_only = req.sampling.max_tokens <= 0
+        with self._lock:
+            self.stats["requests"] += 1
+        if scoring_only and req.prompt_logprobs is None:
+            self._leave(job)
+            job.emit(EngineOutput([], None, "length"))
+            return
+        stops = req.sampling.stop_token_ids | (frozenset() if req.sampling.ignore_eos
+                                               else self._eos)
+        first = True
+        prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
+        async for out in self._llm.generate(prompt, params, req.request_id):
+            completion = out.outputs[0]
+            ids = [] if scoring_only else list(completion.token_ids)
+            finish: FinishReason | None = None
+            if out.finished or scoring_only:
+                finish = ("length" if scoring_only else
+                          _FINISH.get(completion.finish_reason or "", "abort"))
+            logprobs = None
+            if req.logprobs is not None and not scoring_only:
+                logprobs = [_token_logprob(t, pos, req.logprobs)
+                            for t, pos in zip(ids, completion.logprobs or [])]
+            prompt_lp = None
+            if first and req.prompt_logprobs is not None:
+                prompt_lp = [None if pos is None else _token_logprob(t, pos, req.prompt_logprobs)
+                             for t, pos in zip(req.prompt_token_ids, out.prompt_logprobs or [])]
+            result = EngineOutput(
+                ids, logprobs, finish, prompt_lp,
+                stopped_by_token=finish == "stop" and bool(ids) and ids[-1] in stops,
+                cached_tokens=(out.num_cached_tokens or 0) if first else 0)
+            first = False
+            job.seen += ids
+            with self._lock:
+                self.stats["generated_tokens"] += len(ids)
+            if finish is not None:
+                self._leave(job)
+                job.emit(result)
+                return
+            job.emit(result)
+
+    def _params(self, req: EngineRequest) -> Any:
+        from vllm.sampling_params import (RequestOutputKind, SamplingParams,
+                                          StructuredOutputsParams)
+
+        s = req.sampling
+        stops = set(s.stop_token_ids) | (set() if s.ignore_eos else set(self._eos))
+        return SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=max(0, s.top_k), min_p=s.min_p,
+            seed=s.seed, presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
+            logit_bias=dict(s.logit_bias) or None, max_tokens=max(1, s.max_tokens),
+            stop_token_ids=sorted(stops), ignore_eos=s.ignore_eos,
+            logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs,
+            structured_outputs=(StructuredOutputsParams(grammar=s.grammar)
+                                if s.grammar else None),
+            detokenize=False, skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA)
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def _record(self, engine_idx: int, scheduler_stats: Any) -> None:
+        """vLLM's scheduler figures after each step of one engine core."""
+        with self._lock:
+            self._sched_running[engine_idx] = scheduler_stats.num_running_reqs
+            self._kv_used[engine_idx] = scheduler_stats.kv_cache_usage
+            self._split()
+        self._kv_tokens()
+
+    def _split(self) -> None:
+        """Podium's requests in flight, split into running and waiting by vLLM's count of
+        the running ones (the rest are queued here or in vLLM's scheduler)."""
+        live = len(self._jobs)
+        running = min(live, sum(self._sched_running.values()))
+        self.stats["running"] = running
+        self.stats["waiting"] = live - running
+
+    def _kv_tokens(self) -> None:
+        capacity = self.stats["kv_capacity"]
+        used = int(sum(self._kv_used.values()) / max(1, len(self._kv_used)) * capacity)
+        self.stats["kv_tokens"] = min(capacity, max(used, self._prefix.tokens()))
+
+
+def _token_logprob(token: int, position: dict[int, Any], k: int) -> TokenLogprob:
+    """One position of vLLM's logprobs (the chosen token and the top ``k``, each with its
+    rank) as Podium's: the chosen token's log-probability and the ``k`` most likely."""
+    top = sorted(((t, lp.logprob) for t, lp in position.items()
+                  if lp.rank is not None and lp.rank <= k), key=lambda p: -p[1])[:k]
+    chosen = position.get(token)
+    return TokenLogprob(token, chosen.logprob if chosen is not None else float("-inf"), top)
+
+
+if TYPE_CHECKING:
+    def _is_an_engine(engine: VllmEngine) -> Engine:
+        return engine                   # mypy: VllmEngine satisfies the boundary

@@ -1,0 +1,92 @@
+# mypy: disable-error-code="import-not-found, import-untyped"
+# (vLLM, torch and transformers are installed only where the vLLM engine runs)
+"""Podium's ``Tokenizer`` over a Hugging Face tokenizer (the one vLLM loads from the same
+folder, so both sides agree on every id)."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character a byte-level BPE token uses for
+    each byte."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, n = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+class HfTokenizer:
+    """encode / piece / decode over ``transformers``' fast tokenizer. Control tokens (the
+    special ones: end of turn ...) render as nothing, as with the GGUF vocabulary; added
+    tokens that are not special (``<tool_call>``) render as their text."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: frozenset[int]):
+        self._tok = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.bos_token = tokenizer.bos_token or ""
+        self.eos_token = tokenizer.eos_token or ""
+        self.eos_token_ids = eos_token_ids
+        self.chat_template: str | None = tokenizer.chat_template
+        added = tokenizer.added_tokens_decoder          # id -> AddedToken
+        self._control = {i for i, t in added.items() if t.special} | set(eos_token_ids)
+        self._added = {i: t.content for i, t in added.items() if not t.special}
+        self._byte_level = "ByteLevel" in json.dumps(
+            json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {})
+        self._pieces: dict[int, bytes] = {}
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "HfTokenizer":
+        from transformers import AutoTokenizer, GenerationConfig
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        try:
+            extra = GenerationConfig.from_pretrained(str(folder)).eos_token_id
+        except OSError:                 # no generation_config.json
+            extra = None
+        if extra is not None:
+            eos |= {extra} if isinstance(extra, int) else set(extra)
+        return cls(tokenizer, frozenset(eos))
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Token ids for ``text``; special-token markup in it is parsed as special tokens."""
+        ids = self._tok.encode(text, add_special_tokens=add_special)
+        bos = self._tok.bos_token_id
+        if add_special and bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
+            ids = ids[1:]               # the text began with the BOS token itself
+        return ids
+
+    def piece(self, token_id: int) -> bytes:
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self._render(token_id)
+        return piece
+
+    def _render(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size or token_id in self._control:
+            return b""
+        if token_id in self._added:
+            return self._added[token_id].encode()
+        token = self._tok.convert_ids_to_tokens(token_id)
+        if token is None:
+            return b""
+        if self._byte_level:
+            table = _byte_decoder()
+            return bytes(table[c] for c in token if c in table)
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            return bytes([int(token[3:5], 16)])         # sentencepiece byte fallback
+        return token.replace("\u2581", " ").encode()
+
+    def decode(self, token_ids: list[int]) -> str:
+        return b"".join(self.piece(t) for t in token_ids).decode("utf-8", "replace")
