@@ -14,6 +14,8 @@ from podium.settings import Settings
 if TYPE_CHECKING:
     import uvicorn
 
+    from podium.engine.base import Engine
+
 USAGE = """usage: podium <command> [options]
 
 commands:
@@ -57,14 +59,20 @@ def serve(settings: Settings) -> None:
     from podium.parsing.registry import check_names
 
     check_names(settings.tool_parser, settings.reasoning_parser)
-    path = resolve_model(settings.model, settings.model_file)
-    name = served_name(settings, path)
-    settings.check_aliases(name)  # before the weights load
-    engine = LlamaCppEngine(path, served_name=name,
-                            n_ctx=settings.ctx_size, n_batch=settings.batch_size,
-                            n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
-                            max_queued=settings.max_queued_requests,
-                            deterministic=settings.deterministic)
+    engine: Engine
+    if settings.engine != "llamacpp":       # every option checked before vLLM starts
+        from podium.engine.vllm.options import vllm_engine
+
+        path, engine = vllm_engine(settings)
+    else:
+        path = resolve_model(settings.model, settings.model_file)
+        name = served_name(settings, path)
+        settings.check_aliases(name)  # before the weights load
+        engine = LlamaCppEngine(path, served_name=name,
+                                n_ctx=settings.ctx_size, n_batch=settings.batch_size,
+                                n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
+                                max_queued=settings.max_queued_requests,
+                                deterministic=settings.deterministic)
     log = logging.getLogger("podium")
     log.info("serving %s as %r (context %d tokens)", path, engine.info.served_name,
              engine.info.context_length)

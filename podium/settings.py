@@ -109,6 +109,24 @@ class Settings:
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")
     batch_size: int = _opt(128, "Tokens per prompt-processing chunk; prefix reuse keeps whole "
                            "chunks, and a long prompt holds running streams one chunk at a time.")
+    engine: str = _opt(
+        "llamacpp", "Inference engine: llamacpp (embedded, the default) or vllm (vLLM's "
+        "AsyncLLM, installed separately; --model is then a Hugging Face folder or hub id, or a "
+        "GGUF file made into a bf16 folder once; --ctx-size is vLLM's max model length).")
+    tensor_parallel_size: int = _opt(1, "vLLM: GPUs each layer is split across.")
+    pipeline_parallel_size: int = _opt(1, "vLLM: stages (GPUs or nodes) the layers are split "
+                                       "into.")
+    data_parallel_size: int = _opt(1, "vLLM: model replicas, each with its own engine core.")
+    distributed_executor_backend: str | None = _opt(
+        None, "vLLM: mp (one node) or ray (a Ray cluster); default: vLLM's choice.")
+    gpu_memory_utilization: str | None = _opt(
+        None, "vLLM: fraction of GPU memory (on CPU: of RAM) vLLM may take, e.g. 0.9.")
+    enforce_eager: bool = _opt(False, "vLLM: no compiled graphs (starts faster, decodes "
+                               "slower).")
+    engine_arg: list[str] = _opt(
+        (), "vLLM: any other engine argument as KEY=VALUE (VALUE read as JSON when it is); "
+        "repeat for several. PODIUM_ENGINE_ARG takes a comma-separated list.", multiple=True,
+        metavar="KEY=VALUE")
     seed: int = _opt(-1, "Default sampling seed for requests without one (-1: random).")
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
 

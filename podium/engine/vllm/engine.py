@@ -219,7 +219,7 @@ class VllmEngine:
             try:
                 engine_args = AsyncEngineArgs(**args)
             except TypeError as exc:
-                raise InvalidRequestError(f"Unknown vLLM engine argument: {exc}") from exc
+                raise ValueError(f"vLLM refused an engine argument: {exc}") from exc
             return AsyncLLM.from_engine_args(engine_args, stat_loggers=[logger_class])
 
     # -- the boundary ---------------------------------------------------------------------
