@@ -1,0 +1,129 @@
+"""What the contract module does not see of the vLLM engine: vLLM's own bookkeeping after
+aborts, the request fields only vLLM maps (logit bias, ignore_eos, penalties), and the
+running / waiting split. Runs where vLLM is installed (one engine for the module)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from podium.engine.base import EngineRequest, SamplingParams  # noqa: E402
+from podium.engine.vllm.engine import VllmEngine  # noqa: E402
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    built = VllmEngine.from_gguf(model_path, served_name="m", max_model_len=1024,
+                                 enforce_eager=True, max_num_seqs=2, max_queued=4,
+                                 engine_args={"kv_cache_memory_bytes": 1 << 30})
+    yield built
+    asyncio.run(built.aclose())
+
+
+def request(engine, text: str, **sampling) -> EngineRequest:
+    sampling.setdefault("temperature", 0.0)
+    prompt = engine.tokenizer.encode(
+        f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+    return EngineRequest(f"vllm-{next(_ids)}", prompt, SamplingParams(**sampling))
+
+
+async def collect(outputs):
+    return [o async for o in outputs]
+
+
+def run(engine, req):
+    async def outputs():
+        return await asyncio.wait_for(collect(engine.generate(req)), 120)
+    return asyncio.run(outputs())
+
+
+def tokens(outs):
+    return [t for o in outs for t in o.token_ids]
+
+
+def unfinished(engine) -> int:
+    """Requests vLLM's front-end still tracks (the engine core is told of each abort)."""
+    return engine._llm.output_processor.get_num_unfinished_requests()
+
+
+async def settle(engine, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while engine.stats["running"] or engine.stats["waiting"] or unfinished(engine):
+        assert time.monotonic() < deadline, (dict(engine.stats), unfinished(engine))
+        await asyncio.sleep(0.01)
+
+
+def test_every_way_of_ending_early_leaves_vllm_with_nothing_unfinished(engine):
+    async def scenario():
+        long = dict(max_tokens=300)
+        closed = engine.generate(request(engine, "Write a long story.", **long))
+        await closed.__anext__()
+        await closed.aclose()
+        aborted = request(engine, "Write a long story.", **long)
+        outputs = engine.generate(aborted)
+        await outputs.__anext__()
+        await engine.abort(aborted.request_id)
+        assert (await collect(outputs))[-1].finish_reason == "abort"
+        dropped = engine.generate(request(engine, "Write a long story.", **long))
+        await dropped.__anext__()
+        del dropped
+        gc.collect()
+        reader = asyncio.create_task(collect(engine.generate(
+            request(engine, "Write a long story.", **long))))
+        await asyncio.sleep(0.5)
+        reader.cancel()                         # the consuming task cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        await settle(engine)
+
+    asyncio.run(scenario())
+    assert unfinished(engine) == 0
+
+
+def test_running_and_waiting_follow_vllms_scheduler(engine):
+    async def scenario():
+        streams = [engine.generate(request(engine, f"Story {i}.", max_tokens=300))
+                   for i in range(4)]
+        for s in streams[:2]:
+            await s.__anext__()
+        deadline = time.monotonic() + 10
+        while (engine.stats["running"], engine.stats["waiting"]) != (2, 2):
+            assert time.monotonic() < deadline, dict(engine.stats)
+            await asyncio.sleep(0.01)
+        for s in streams:
+            await s.aclose()
+        await settle(engine)
+
+    asyncio.run(scenario())
+
+
+def test_logit_bias_ignore_eos_and_penalties_reach_vllm(engine):
+    forced = engine.tokenizer.encode("banana", add_special=False)[0]
+    outs = run(engine, request(engine, "Say hi.", max_tokens=3, logit_bias={forced: 100.0}))
+    assert tokens(outs) == [forced] * 3
+    eos = min(engine.tokenizer.eos_token_ids)
+    outs = run(engine, request(engine, "Say hi.", max_tokens=12, ignore_eos=True,
+                               logit_bias={eos: 100.0}))     # EOS every step, never the end
+    assert len(tokens(outs)) == 12 and outs[-1].finish_reason == "length"
+    assert not outs[-1].stopped_by_token
+    plain = tokens(run(engine, request(engine, "Repeat 'la' many times.", max_tokens=20)))
+    penalized = tokens(run(engine, request(
+        engine, "Repeat 'la' many times.", max_tokens=20, repetition_penalty=2.0,
+        presence_penalty=1.5, frequency_penalty=1.5)))
+    assert penalized != plain
+
+
+def test_the_prefix_cache_is_counted_in_kv_tokens_when_idle(engine):
+    text = " ".join(f"Fact {i}: lighthouses guide ships at night." for i in range(40))
+    run(engine, request(engine, text, max_tokens=2))
+    assert engine.stats["running"] == 0
+    assert engine.stats["kv_tokens"] >= 256                 # whole 128-token blocks kept
+    assert engine.stats["kv_tokens"] <= engine.stats["kv_capacity"]
