@@ -1,13 +1,17 @@
 """Capture server: records every request Claude Code makes and answers like the Messages API.
 
-    .venv/bin/python bench/claude_code_capture.py --port 8765 --out /tmp/cc-capture [--tool-file PATH]
-    .venv/bin/python bench/claude_code_capture.py --sanitize CAPTURE.json --cwd DIR --home DIR > OUT.json
+    .venv/bin/python bench/claude_code_capture.py --port 8765 --out /tmp/cc-capture \
+        [--tool-file PATH] [--delay S [--ping S]]
+    .venv/bin/python bench/claude_code_capture.py --sanitize CAPTURE.json --cwd DIR \
+        --home DIR > OUT.json
 
 Each request is written to OUT/NNN.json (method, path with query string, headers, JSON body).
 ``POST /v1/messages`` gets a minimal valid Message (SSE when the body asks for ``stream``,
 JSON otherwise) saying "Hello."; with ``--tool-file`` a request that offers the ``Read``
 tool and carries no ``tool_result`` yet is answered with a ``tool_use`` of ``Read`` on that
-path instead. ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": chars // 4}``.
+path instead; ``--delay S`` waits S seconds after ``message_start`` (a long prefill), silent or
+with a ``ping`` every ``--ping`` seconds. ``POST /v1/messages/count_tokens`` answers
+``{"input_tokens": chars // 4}``.
 Anything else is recorded and answered 404. ``--sanitize`` prints one captured request with
 its device and session ids replaced by fixed fake values and the run's cwd and home directory
 by /tmp/claude-work and /tmp/claude-home. tests/data/claude_code/ holds what it captured
@@ -17,6 +21,7 @@ by /tmp/claude-work and /tmp/claude-home. tests/data/claude_code/ holds what it 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import re
@@ -42,7 +47,8 @@ def _has_tool_result(body: dict) -> bool:
     return False
 
 
-def make_app(out: Path, tool_file: str | None) -> Starlette:
+def make_app(out: Path, tool_file: str | None, delay: float = 0.0,
+             ping: float = 0.0) -> Starlette:
     counter = itertools.count(1)
     ids = itertools.count(1)
 
@@ -83,6 +89,13 @@ def make_app(out: Path, tool_file: str | None) -> Starlette:
                 "id": message_id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": 10, "output_tokens": 1}}})
+            waited = 0.0
+            while waited < delay:                   # a long prefill: silence, or pings
+                step = min(ping or delay, delay - waited)
+                await asyncio.sleep(step)
+                waited += step
+                if ping:
+                    yield _sse("ping", {"type": "ping"})
             if block["type"] == "text":
                 yield _sse("content_block_start", {"type": "content_block_start", "index": 0,
                                                    "content_block": {"type": "text", "text": ""}})
@@ -152,6 +165,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tool-file", help="answer the first turn with Read on this path")
+    parser.add_argument("--delay", type=float, default=0.0,
+                        help="seconds between message_start and the first block (a prefill)")
+    parser.add_argument("--ping", type=float, default=0.0,
+                        help="send a ping every this many seconds during --delay (0: none)")
     parser.add_argument("--sanitize", type=Path, help="print this capture sanitized")
     parser.add_argument("--cwd", help="the captured run's working directory (--sanitize)")
     parser.add_argument("--home", help="the captured run's HOME (--sanitize)")
@@ -163,8 +180,8 @@ def main() -> None:
     if args.out is None:
         parser.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
-    uvicorn.run(make_app(args.out, args.tool_file), host="127.0.0.1", port=args.port,
-                log_level="warning")
+    uvicorn.run(make_app(args.out, args.tool_file, args.delay, args.ping), host="127.0.0.1",
+                port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
