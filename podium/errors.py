@@ -50,9 +50,13 @@ class InvalidRequestError(PodiumError):
 
 
 class ContextLengthExceeded(InvalidRequestError):
-    """Prompt plus requested output do not fit the model's context window (400)."""
+    """Prompt plus requested output do not fit the model's context window (400). ``tokens``
+    and ``limit``, when set, are the prompt's length and the context's (the prompt alone is
+    too long)."""
 
     default_code = "context_length_exceeded"
+    tokens: int | None = None
+    limit: int | None = None
 
 
 class AuthenticationError(PodiumError):

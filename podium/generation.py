@@ -54,9 +54,11 @@ def output_budget(prompt_tokens: int, requested: int | None, context: int, cap: 
         raise InvalidRequestError(f"{max_param} is {requested}; this server allows at most "
                                   f"{cap}", param=max_param)
     if prompt_tokens >= context:
-        raise ContextLengthExceeded(
+        exc = ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens, but the prompt has "
             f"{prompt_tokens} tokens", param=prompt_param)
+        exc.tokens, exc.limit = prompt_tokens, context
+        raise exc
     if requested is None:
         return min(context - prompt_tokens, cap) if cap else context - prompt_tokens
     if prompt_tokens + requested > context:

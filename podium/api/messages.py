@@ -33,7 +33,7 @@ from podium.conversation import (Conversation, Message, Options, Reasoning, Resp
                                  TextPart, Tool, ToolCall)
 from podium.dialect import Dialect
 from podium.engine.base import Engine, SamplingParams
-from podium.errors import InvalidRequestError
+from podium.errors import ContextLengthExceeded, InvalidRequestError
 from podium.generation import (Choice, Prepared, check_model, check_options, off_loop, prepare,
                                run_choices, start)
 from podium.harmony.format import EFFORTS
@@ -82,8 +82,15 @@ class MessagesService:
 
     def _prepare(self, req: MessagesRequest) -> Prepared:
         options = self._options(req, req)
-        return prepare(self._engine, self._dialect, self._conversation(req), options,
-                       self._settings)
+        try:
+            return prepare(self._engine, self._dialect, self._conversation(req), options,
+                           self._settings)
+        except ContextLengthExceeded as exc:
+            if exc.tokens is None:
+                raise
+            # Anthropic's wording, which Claude Code parses to compact its conversation
+            raise ContextLengthExceeded(f"prompt is too long: {exc.tokens} tokens > "
+                                        f"{exc.limit} maximum", param=exc.param) from None
 
     # -- running --------------------------------------------------------------------------
 

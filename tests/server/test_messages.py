@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import pytest
@@ -412,3 +413,10 @@ def test_output_config_format_constrains_the_output(serve):
     assert http.engine.requests[-1].sampling.grammar is not None
     anthropic_error(http.post(URL, json=ask(output_config={"format": {"type": "xml"}})), 400,
                     "invalid_request_error")
+
+
+def test_a_prompt_too_long_is_said_the_way_claude_code_parses_it(serve):
+    _, http = serve(["ok"], context=64)
+    message = anthropic_error(http.post(URL, json=ask(messages=[
+        {"role": "user", "content": "word " * 200}])), 400, "invalid_request_error")
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 64 maximum", message), message
