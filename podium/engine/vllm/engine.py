@@ -258,6 +258,12 @@ class VllmEngine:
 
         async def shut() -> None:
             self._llm.shutdown()
+            # vLLM closes its client sockets but leaves their ZMQ context to the garbage
+            # collector (a ResourceWarning then, in whatever runs next): end it here
+            resources = getattr(getattr(self._llm, "engine_core", None), "resources", None)
+            ctx = getattr(resources, "ctx", None)
+            if ctx is not None and not ctx.closed:
+                await asyncio.wait_for(asyncio.to_thread(ctx.destroy, 0), 10)
 
         try:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shut(), self._loop))
