@@ -100,3 +100,14 @@ def test_model_folder_takes_a_folder_a_gguf_or_a_hub_id(tmp_path, monkeypatch):
                                                                     "m-Q4")
     with pytest.raises(Exception, match="Hugging Face model folder, a .gguf file or a hub id"):
         options.model_folder(settings("--model", str(tmp_path / "missing.bin")))
+
+
+def test_the_architecture_is_named_as_in_gguf_for_dialect_detection():
+    from podium.engine.base import ModelInfo
+    from podium.engine.vllm.engine import architecture
+    from podium.harmony.format import is_harmony
+
+    assert [architecture(t) for t in ("gpt_oss", "qwen2", "qwen3_moe", "llama")] == [
+        "gpt-oss", "qwen2", "qwen3moe", "llama"]
+    info = ModelInfo("m", 1024, None, 0, {"general.architecture": architecture("gpt_oss")})
+    assert is_harmony(info)

@@ -197,8 +197,8 @@ class VllmEngine:
                               chat_template=self.tokenizer.chat_template,
                               created=int(os.stat(model).st_mtime) if os.path.exists(model)
                               else int(time.time()),
-                              metadata={"general.architecture":
-                                        config.model_config.hf_config.model_type})
+                              metadata={"general.architecture": architecture(
+                                  config.model_config.hf_config.model_type)})
 
     @classmethod
     def from_gguf(cls, path: Path, **options: Any) -> "VllmEngine":
@@ -395,6 +395,12 @@ class VllmEngine:
         capacity = self.stats["kv_capacity"]
         used = int(sum(self._kv_used.values()) / max(1, len(self._kv_used)) * capacity)
         self.stats["kv_tokens"] = min(capacity, max(used, self._prefix.tokens()))
+
+
+def architecture(model_type: str) -> str:
+    """A Hugging Face ``model_type`` as the GGUF architecture name Podium's detection reads
+    (``gpt_oss`` is ``gpt-oss``: Harmony; ``qwen3_moe`` is ``qwen3moe``)."""
+    return {"gpt_oss": "gpt-oss"}.get(model_type, model_type.replace("_", ""))
 
 
 def _token_logprob(token: int, position: dict[int, Any], k: int) -> TokenLogprob:
