@@ -12,7 +12,7 @@ TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 
 
 def sse_events(body: str) -> list[dict]:
-    """The events of a Responses SSE body (named events, no [DONE])."""
+    """The events of a named-event SSE body (Responses, Anthropic Messages: no [DONE])."""
     out = []
     for frame in body.split("\n\n"):
         if not frame.strip():

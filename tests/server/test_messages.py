@@ -16,6 +16,7 @@ from podium.engine.scripted import ScriptedEngine
 from podium.server.app import create_app
 from podium.settings import Settings
 from tests.conftest import SERVED
+from tests.server.responses_check import sse_events
 from tests.server.test_responses import CALL, THINK
 
 URL = "/v1/messages"
@@ -51,16 +52,9 @@ def ask(**extra):
 
 
 def frames(body: str) -> list[dict]:
-    """The events of an Anthropic SSE body: ``event: X`` then ``data: {"type": "X"}``."""
-    out = []
-    for frame in body.split("\n\n"):
-        if not frame.strip():
-            continue
-        lines = dict(line.split(": ", 1) for line in frame.split("\n"))
-        event = json.loads(lines["data"])
-        assert lines["event"] == event["type"]
-        out.append(event)
-    return out
+    """The events of an Anthropic SSE body: ``event: X`` then ``data: {"type": "X"}``, the
+    framing Responses streams use too."""
+    return sse_events(body)
 
 
 def check_stream(events: list[dict]) -> None:
