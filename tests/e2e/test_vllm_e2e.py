@@ -1,0 +1,132 @@
+"""``podium serve --engine vllm`` end to end on the default model's weights (a bf16 folder made
+from the GGUF once), driven by the ``openai`` SDK. Runs where vLLM is installed
+(``./dev test-vllm``, which CI runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("vllm")
+
+from tests.e2e.conftest import MODEL, _free_port  # noqa: E402
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "podium", "serve", "--engine", "vllm", "--enforce-eager",
+         "--engine-arg", "kv_cache_memory_bytes=1073741824", "--ctx-size", "4096",
+         "--port", str(port), "--log-level", "warning"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"podium serve --engine vllm exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("podium serve --engine vllm did not become healthy in 600 s")
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    yield client
+    client.close()
+
+
+def test_streamed_chat(client):
+    stream = client.chat.completions.create(
+        model=MODEL, stream=True, max_tokens=24, temperature=0,
+        messages=[{"role": "user", "content": "Write one sentence about the sea."}])
+    text, finish = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert text.strip() and finish in ("stop", "length")
+
+
+def test_a_tool_call_forced_by_grammar(client):
+    r = client.chat.completions.create(
+        model=MODEL, max_tokens=64, temperature=0, tools=WEATHER,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": "How warm is it in Lisbon?"}])
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+
+def test_a_json_schema_answer(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, max_tokens=64, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person",
+                                                                "schema": schema}},
+        messages=[{"role": "user", "content": "Invent a person."}])
+    person = json.loads(r.choices[0].message.content)
+    assert isinstance(person["name"], str) and isinstance(person["age"], int)
+
+
+def test_a_responses_round_trip(client):
+    first = client.responses.create(model=MODEL, input="My name is Ada. Say hello.",
+                                    max_output_tokens=16, temperature=0)
+    second = client.responses.create(model=MODEL, previous_response_id=first.id,
+                                     input="What is my name?", max_output_tokens=16,
+                                     temperature=0)
+    assert first.status in ("completed", "incomplete") and second.output_text
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_the_same_seed_gives_the_same_tokens(client):
+    def ask():
+        return client.chat.completions.create(
+            model=MODEL, max_tokens=24, temperature=1.0, seed=11,
+            messages=[{"role": "user", "content": "Name three colours."}]
+        ).choices[0].message.content
+    assert ask() == ask()
+
+
+def test_a_client_that_leaves_ends_the_vllm_request(server):
+    body = {"model": MODEL, "stream": True, "max_tokens": 2000, "temperature": 1.0,
+            "logit_bias": {"151645": -100, "151643": -100},
+            "messages": [{"role": "user", "content": "Tell a very long story."}]}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=120) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break               # a few tokens in, the client goes
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{server}/health").json()["engine"]
+        if stats["running"] == 0 and stats["waiting"] == 0:
+            break
+        time.sleep(0.2)
+    assert stats["running"] == 0 and stats["waiting"] == 0, stats
