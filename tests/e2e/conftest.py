@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
+from typing import Iterator
 
 import httpx
 import openai
@@ -21,18 +23,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server_url():
+@contextlib.contextmanager
+def podium_serve(*args: str, timeout: float = 120) -> Iterator[str]:
+    """``podium serve ARGS`` on a free port until healthy (its URL), stopped afterwards."""
     port = _free_port()
-    # No --model: the default model, exactly as a user starts it.
     proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port),
-                             "--ctx-size", "4096", "--log-level", "warning"],
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             *args], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"podium serve exited with {proc.returncode}")
+            pytest.fail(f"podium serve {' '.join(args)} exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 break
@@ -40,14 +41,23 @@ def server_url():
             pass
         if time.monotonic() > deadline:
             proc.kill()
-            pytest.fail("podium serve did not become healthy in 120 s")
+            pytest.fail(f"podium serve {' '.join(args)} did not become healthy in {timeout} s")
         time.sleep(0.2)
-    yield url
-    proc.terminate()
     try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server_url():
+    # No --model: the default model, exactly as a user starts it.
+    with podium_serve("--ctx-size", "4096", "--log-level", "warning") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,6 @@ from the GGUF once), driven by the ``openai`` SDK. Runs where vLLM is installed
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import httpx
@@ -16,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.e2e.conftest import MODEL, _free_port  # noqa: E402
+from tests.e2e.conftest import MODEL, podium_serve  # noqa: E402
 
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -26,32 +23,10 @@ WEATHER = [{"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "podium", "serve", "--engine", "vllm", "--enforce-eager",
-         "--engine-arg", "kv_cache_memory_bytes=1073741824", "--ctx-size", "4096",
-         "--port", str(port), "--log-level", "warning"],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"podium serve --engine vllm exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("podium serve --engine vllm did not become healthy in 600 s")
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with podium_serve("--engine", "vllm", "--enforce-eager", "--engine-arg",
+                      "kv_cache_memory_bytes=1073741824", "--ctx-size", "4096",
+                      "--log-level", "warning", timeout=600) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
