@@ -106,6 +106,7 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     store: bool = True
     previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None     # an id, or {"id": ...}
     background: bool = False
     stream: bool = False
     include: list[str] | None = None

@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
 
 from podium.api.chat import ChatService
+from podium.api.conversations import ConversationsService
 from podium.api.messages import MessagesService
 from podium.dialect import select as select_dialect
 from podium.api.completions import CompletionService
@@ -23,6 +24,8 @@ from podium.errors import ModelNotFound, error_body
 from podium.generation import serves
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
+from podium.protocol.conversations import (ConversationCreateRequest,
+                                           ConversationUpdateRequest, ItemsCreateRequest)
 from podium.protocol.messages import CountTokensRequest, MessagesRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.server import errors
@@ -34,6 +37,7 @@ from podium.server.sse import SSEResponse
 from podium.server.watch import unless_gone
 from podium.settings import Settings
 from podium.store.base import NO_OWNER
+from podium.store.conversations import ConversationStore
 from podium.store.sql import SQLStore, data_dir
 from podium.telemetry import Metrics
 
@@ -77,11 +81,13 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     dialect = select_dialect(engine, settings)
     chat = ChatService(engine, dialect, settings)
     sealer = Sealer(load_key(settings.secret_key, data_dir()))
-    responses = ResponsesService(engine, dialect, store, settings, sealer)
+    conversations = ConversationsService(ConversationStore(store.engine), settings)
+    responses = ResponsesService(engine, dialect, store, settings, sealer, conversations)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await responses.startup()
+        await conversations.startup()
         try:
             yield
         finally:
@@ -99,6 +105,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.completions = CompletionService(engine, settings)
     app.state.messages = MessagesService(engine, dialect, settings, sealer)
     app.state.responses = responses
+    app.state.conversations = conversations
     app.state.metrics = metrics = Metrics(lambda: _gauges(engine, store))
     app.state.drain = Drain()
     app.state.store = store
@@ -170,6 +177,8 @@ def _routes(app: FastAPI) -> None:
         return json_response(await request.app.state.responses.input_items(
             response_id, after, limit, order, _owner(request)))
 
+    _conversation_routes(app)
+
     @app.post("/v1/messages", responses=_STREAMING)
     async def messages(body: MessagesRequest, request: Request):
         return respond(await unless_gone(request, request.app.state.messages.create(body)),
@@ -208,3 +217,54 @@ def _routes(app: FastAPI) -> None:
     async def metrics(request: Request):
         body = await asyncio.to_thread(generate_latest, request.app.state.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def _include(request: Request) -> list[str]:
+    """``include`` as the SDKs send it (``include[]=a&include[]=b``) or plainly repeated."""
+    return request.query_params.getlist("include[]") + request.query_params.getlist("include")
+
+
+def _conversation_routes(app: FastAPI) -> None:
+    @app.post("/v1/conversations", responses=_ERRORS)
+    async def create_conversation(body: ConversationCreateRequest, request: Request):
+        return json_response(await request.app.state.conversations.create(body,
+                                                                           _owner(request)))
+
+    @app.get("/v1/conversations/{conversation_id}", responses=_ERRORS)
+    async def get_conversation(conversation_id: str, request: Request):
+        return json_response(await request.app.state.conversations.retrieve(
+            conversation_id, _owner(request)))
+
+    @app.post("/v1/conversations/{conversation_id}", responses=_ERRORS)
+    async def update_conversation(conversation_id: str, body: ConversationUpdateRequest,
+                                  request: Request):
+        return json_response(await request.app.state.conversations.update(
+            conversation_id, body, _owner(request)))
+
+    @app.delete("/v1/conversations/{conversation_id}", responses=_ERRORS)
+    async def delete_conversation(conversation_id: str, request: Request):
+        return json_response(await request.app.state.conversations.delete(
+            conversation_id, _owner(request)))
+
+    @app.post("/v1/conversations/{conversation_id}/items", responses=_ERRORS)
+    async def create_items(conversation_id: str, body: ItemsCreateRequest, request: Request):
+        return json_response(await request.app.state.conversations.add_items(
+            conversation_id, body, _include(request), _owner(request)))
+
+    @app.get("/v1/conversations/{conversation_id}/items", responses=_ERRORS)
+    async def list_items(conversation_id: str, request: Request, after: str | None = None,
+                         limit: int = Query(20, ge=1, le=100),
+                         order: Literal["asc", "desc"] = "desc"):
+        return json_response(await request.app.state.conversations.list_items(
+            conversation_id, after=after, limit=limit, order=order,
+            include=_include(request), owner=_owner(request)))
+
+    @app.get("/v1/conversations/{conversation_id}/items/{item_id}", responses=_ERRORS)
+    async def get_item(conversation_id: str, item_id: str, request: Request):
+        return json_response(await request.app.state.conversations.get_item(
+            conversation_id, item_id, _include(request), _owner(request)))
+
+    @app.delete("/v1/conversations/{conversation_id}/items/{item_id}", responses=_ERRORS)
+    async def delete_item(conversation_id: str, item_id: str, request: Request):
+        return json_response(await request.app.state.conversations.delete_item(
+            conversation_id, item_id, _owner(request)))

@@ -43,13 +43,14 @@ _TYPE_TAG = re.compile(r"^(str|int|float|bool|dict|list|none|[a-z-]+\[.*\])$")
 
 
 def _location(loc: tuple) -> str:
-    """('body', 'messages', 0, 'content') -> 'messages[0].content'.
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; ('query', 'limit') ->
+    'limit'.
 
     Union members appear in pydantic's locations as type names ('str', 'list[str]'); they
     say nothing to a client and are dropped.
     """
     out = ""
-    parts = loc[1:] if loc and loc[0] == "body" else loc
+    parts = loc[1:] if loc and loc[0] in ("body", "query", "path") else loc
     for part in (p for p in parts if not (isinstance(p, str) and _TYPE_TAG.match(p))):
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out

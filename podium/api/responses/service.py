@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncGenerator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncGenerator
 
 from podium.api.responses.log import EventLog, Finalizers, Logs
 from podium.api.responses.runner import Plan, Run
@@ -38,13 +39,27 @@ from podium.protocol.responses import ResponsesRequest
 from podium.settings import Settings
 from podium.store.base import NO_OWNER, TERMINAL, ResponseStore, StoredResponse
 
+if TYPE_CHECKING:
+    from podium.api.conversations import ConversationsService
+
 log = logging.getLogger(__name__)
+APPEND_BEFORE = frozenset({"response.completed", "response.incomplete"})
+
+
+@dataclass
+class Turn:
+    """A response run in a conversation: where its items are appended when it finishes."""
+
+    conversation_id: str
+    owner: str
 
 
 class ResponsesService:
     def __init__(self, engine: Engine, dialect: Dialect, store: ResponseStore,
-                 settings: Settings, sealer: Sealer):
+                 settings: Settings, sealer: Sealer,
+                 conversations: ConversationsService | None = None):
         self._engine = engine
+        self._conversations = conversations
         self._dialect = dialect
         self._store = store
         self._settings = settings
@@ -81,21 +96,26 @@ class ResponsesService:
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored (store: true)",
                                       param="background")
+        if req.conversation is not None and req.previous_response_id:
+            raise InvalidRequestError("conversation and previous_response_id cannot be used "
+                                      "together", param="conversation")
         plan = await self._plan(req, owner)
         start(self._engine, [plan.choice])      # 429 / 400 now, before anything is stored
         rid = plan.response["id"]
+        turn = (Turn(plan.response["conversation"]["id"], owner)
+                if plan.response.get("conversation") else None)
         if req.background:
             plan.response["status"] = "queued"
         if req.store:       # first, so a store that cannot take it is a 503 before any work
             await self._store_first(plan, owner)
         if req.background:
             writer = self._logs.open(rid)       # before any follower looks for it
-            self._running[rid] = asyncio.create_task(self._background(plan, writer))
+            self._running[rid] = asyncio.create_task(self._background(plan, writer, turn))
             return (self._logs.follow(rid, -1, owner) if req.stream
                     else dict(plan.response, output=[]))
         if req.stream:
-            return self._stream(plan, req.store)
-        return await self._respond(plan, req.store)
+            return self._stream(plan, req.store, turn)
+        return await self._respond(plan, req.store, turn)
 
     async def _store_first(self, plan: Plan, owner: str) -> None:
         record = StoredResponse(plan.response["id"], dict(plan.response), [],
@@ -110,17 +130,27 @@ class ResponsesService:
     async def _plan(self, req: ResponsesRequest, owner: str) -> Plan:
         items = normalize_input(req.input)
         history: list[dict[str, Any]] = []
+        response, source = skeleton(req), "previous_response_id"
         if req.previous_response_id:
             history = await self._history(req.previous_response_id, owner)
+        elif req.conversation is not None:
+            history, source = await self._conversation(req.conversation, owner), "conversation"
+            response["conversation"] = {"id": _conversation_id(req.conversation)}
         tools = ToolMap(req.tools, strict=self._settings.strict_tools)
         options = to_options(req, tools)
-        wheres = (["previous_response_id"] * len(history)
-                  + [f"input[{i}]" for i in range(len(items))])
+        wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
         prepared = await off_loop(self._prepare_fitting, req, history + items, wheres, tools,
                                   options)
-        return Plan(skeleton(req), req.previous_response_id, items, prepared.prompt_tokens,
+        return Plan(response, req.previous_response_id, items, prepared.prompt_tokens,
                     prepared.choices[0], tools, options.logprobs,
                     "reasoning.encrypted_content" in set(req.include or ()))
+
+    async def _conversation(self, conversation: Any, owner: str) -> list[dict[str, Any]]:
+        """The conversation's items, oldest first (they come before the input)."""
+        if self._conversations is None:
+            raise InvalidRequestError("This server keeps no conversations",
+                                      param="conversation")
+        return await self._conversations.history(_conversation_id(conversation), owner)
 
     async def _history(self, response_id: str, owner: str) -> list[dict[str, Any]]:
         """The conversation up to and including a finished response's output, rebuilt from
@@ -189,10 +219,23 @@ class ResponsesService:
     def _run(self, plan: Plan) -> Run:
         return Run(plan, self._engine, self._sealer.seal if plan.seal else None)
 
-    async def _respond(self, plan: Plan, store: bool) -> dict[str, Any]:
+    async def _events(self, run: Run, turn: Turn | None) -> AsyncGenerator[dict[str, Any], None]:
+        """The run's events; in a conversation, the finished turn is appended to it before
+        the terminal event goes out, so a client that sees the end finds its turn there."""
+        async for event in run.events():
+            if turn is not None and event["type"] in APPEND_BEFORE:
+                assert self._conversations is not None
+                if not await self._conversations.append_turn(
+                        turn.conversation_id, turn.owner, run.response, run.plan.input_items):
+                    log.warning("response %s: conversation %s is gone; its turn was not "
+                                "appended", run.response["id"], turn.conversation_id)
+            yield event
+
+    async def _respond(self, plan: Plan, store: bool, turn: Turn | None = None
+                       ) -> dict[str, Any]:
         run = self._run(plan)
         try:
-            async for _ in run.events():
+            async for _ in self._events(run, turn):
                 pass
         except BaseException as exc:
             if store:       # a client that left, or a failure: the record says so
@@ -203,12 +246,13 @@ class ResponsesService:
             await self._store.update(plan.response["id"], run.response)
         return run.response
 
-    async def _stream(self, plan: Plan, store: bool) -> AsyncGenerator[dict[str, Any], None]:
+    async def _stream(self, plan: Plan, store: bool, turn: Turn | None = None
+                      ) -> AsyncGenerator[dict[str, Any], None]:
         run = self._run(plan)
         writer = self._logs.open(plan.response["id"]) if store else None
         stopped: BaseException | None = None
         try:
-            async for event in run.events():
+            async for event in self._events(run, turn):
                 if writer is not None:
                     await writer.add(event)
                 yield event
@@ -231,12 +275,13 @@ class ResponsesService:
         finally:
             self._logs.close(writer)
 
-    async def _background(self, plan: Plan, writer: EventLog) -> None:
+    async def _background(self, plan: Plan, writer: EventLog, turn: Turn | None = None
+                          ) -> None:
         rid = plan.response["id"]
         run = self._run(plan)
         try:
             await self._store.update(rid, dict(plan.response, status="in_progress"))
-            async for event in run.events():
+            async for event in self._events(run, turn):
                 await writer.add(event)
         except asyncio.CancelledError as exc:
             if self._closing:
@@ -310,3 +355,13 @@ class ResponsesService:
         return {"object": "list", "data": items,
                 "first_id": items[0]["id"] if items else None,
                 "last_id": items[-1]["id"] if items else None, "has_more": more}
+
+
+def _conversation_id(value: Any) -> str:
+    """The id of a ``conversation`` parameter: a string, or ``{"id": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("id")
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError('conversation must be a conversation id or {"id": ...}',
+                                  param="conversation")
+    return value

@@ -46,8 +46,10 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def normalize_input(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Validated input items as plain dicts, each with an id (for listing them later)."""
+def normalize_input(raw: str | list[dict[str, Any]], param: str = "input"
+                    ) -> list[dict[str, Any]]:
+    """Validated input items as plain dicts, each with an id (for listing them later);
+    errors name ``param[i]`` (``input[2]``, or a conversation's ``items[2]``)."""
     if isinstance(raw, str):
         raw = [{"type": "message", "role": "user", "content": raw}]
     items = []
@@ -60,7 +62,7 @@ def normalize_input(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"][1:])
             raise InvalidRequestError(f"Invalid input item {i}: {where}: {first['msg']}",
-                                      param=f"input[{i}]") from None
+                                      param=f"{param}[{i}]") from None
         out = item.model_dump(exclude_none=True)
         out["id"] = item.id or new_item_id(_ID_PREFIX[item.type])
         items.append(out)
