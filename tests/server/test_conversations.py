@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sqlite3
 import threading
@@ -304,6 +305,23 @@ def test_conversation_with_previous_response_id_is_400(sdk):
     assert bad_request(lambda: sdk.responses.create(
         model=SERVED, input="x", conversation={"nope": 1}))["param"] == "conversation"
     assert sdk.conversations.items.list(conv.id).data == []
+    # a response made in a conversation is continued through the conversation
+    turn = sdk.responses.create(model=SERVED, input="hi", conversation=conv.id)
+    error = bad_request(lambda: sdk.responses.create(model=SERVED, input="next",
+                                                     previous_response_id=turn.id))
+    assert error["param"] == "previous_response_id" and conv.id in error["message"]
+
+
+def test_failed_turns_append_nothing(serve):
+    served = serve()
+    conversations = served.app.state.conversations
+    conv = served.client().conversations.create()
+    for status in ("failed", "cancelled", "in_progress", "queued"):
+        response = {"status": status, "output": [{"id": "msg_out", "type": "message",
+                                                  "role": "assistant", "content": []}]}
+        assert not asyncio.run(conversations.append_turn(conv.id, "", response, [
+            {"id": "msg_in", "type": "message", "role": "user", "content": "x"}]))
+    assert served.client().conversations.items.list(conv.id).data == []
 
 
 def test_turns_are_appended_and_come_before_the_input(serve):

@@ -164,6 +164,11 @@ class ResponsesService:
             raise InvalidRequestError(
                 f"Response {response_id!r} is still {previous.status}: continue from it once "
                 f"it has finished", param="previous_response_id")
+        if chain[0].body.get("conversation"):      # its chain lacks the conversation before it
+            raise InvalidRequestError(
+                f"Response {chain[0].id!r} was made in conversation "
+                f"{chain[0].body['conversation']['id']!r}: continue it with conversation, "
+                f"not previous_response_id", param="previous_response_id")
         items: list[dict[str, Any]] = []
         for i, record in enumerate(chain):
             # a row stored before chains were linked holds its whole conversation itself
