@@ -229,6 +229,8 @@ def test_item_and_metadata_limits(sdk):
         "param"] == "items[1]"
     assert bad_request(lambda: sdk.conversations.items.create(
         conv.id, items=[{"type": "teleport"}]))["param"] == "items[0]"
+    assert bad_request(lambda: sdk.conversations.items.create(
+        conv.id, items=[dict(user("x"), id="msg_" + "x" * 61)]))["param"] == "items[0].id"
     sixteen = {f"k{i}": "v" for i in range(16)}
     assert sdk.conversations.create(metadata=sixteen).metadata == sixteen
     longest = {"k" * 64: "v" * 512}

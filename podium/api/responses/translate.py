@@ -38,6 +38,7 @@ UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_in
                      "local_shell", "shell", "apply_patch", "tool_search"}
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}},
                      "required": ["input"]}
+MAX_ITEM_ID = 64            # as the store's item id columns
 MAX_TOOL_NAME = 128         # the flattened ``ns__fn`` included, as chat's function names
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 
@@ -63,6 +64,9 @@ def normalize_input(raw: str | list[dict[str, Any]], param: str = "input"
             where = ".".join(str(p) for p in first["loc"][1:])
             raise InvalidRequestError(f"Invalid input item {i}: {where}: {first['msg']}",
                                       param=f"{param}[{i}]") from None
+        if item.id is not None and len(item.id) > MAX_ITEM_ID:
+            raise InvalidRequestError(f"Item ids are limited to {MAX_ITEM_ID} characters",
+                                      param=f"{param}[{i}].id")
         out = item.model_dump(exclude_none=True)
         out["id"] = item.id or new_item_id(_ID_PREFIX[item.type])
         items.append(out)
