@@ -88,6 +88,9 @@ class Settings:
         "directory, $PODIUM_DATA_DIR or ~/.local/share/podium).")
     response_retention_days: int = _opt(
         30, "Delete finished stored responses older than this many days (0: keep all).")
+    response_lease_seconds: float = _opt(
+        15.0, "A running stored response's lease: its replica renews it every third of this; "
+        "when it lapses (the replica died), any replica marks the response failed.")
     strict_tools: bool = _opt(
         False, "Refuse (400) Responses tools Podium cannot run (web_search ...) instead of "
         "leaving them out with a warning.")
@@ -137,6 +140,9 @@ class Settings:
         self.model_alias = (aliases,) if isinstance(aliases, str) else tuple(aliases)
         for entry in self.model_alias:  # a malformed entry fails here, before any loading
             _alias(entry)
+        if not self.response_lease_seconds > 0:
+            raise ValueError(f"--response-lease-seconds must be more than 0, not "
+                             f"{self.response_lease_seconds}")
 
     @property
     def aliases(self) -> list[tuple[str, str]]:

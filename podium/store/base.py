@@ -19,8 +19,9 @@ only for ``chain`` to walk through, and removed with the last response that cont
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
 NO_OWNER = ""       # the one owner of a server without API keys (and of pre-owner rows)
@@ -44,11 +45,14 @@ class StoredResponse:
 
 
 class ResponseStore(Protocol):
-    async def put(self, record: StoredResponse) -> None:
-        """Insert a response with its input items and parent (or replace them)."""
+    async def put(self, record: StoredResponse, lease: tuple[str, float] | None = None
+                  ) -> None:
+        """Insert a response with its input items and parent (or replace them); ``lease``:
+        (the replica that runs it, until when it holds it) for a response that runs."""
 
     async def update(self, response_id: str, body: dict[str, Any]) -> None:
-        """Replace the response object of an existing response (none: nothing happens)."""
+        """Replace the response object of a response still queued or in progress (a
+        finished one, or none: nothing happens)."""
 
     async def get(self, response_id: str, owner: str) -> StoredResponse | None:
         """The response, if it exists and belongs to ``owner`` (without its input items)."""
@@ -79,9 +83,27 @@ class ResponseStore(Protocol):
         """Logged events with ``sequence_number`` > ``after``, in order (the first ``limit``
         of them when given)."""
 
-    async def fail_unfinished(self, message: str) -> list[str]:
-        """Mark queued / in-progress responses failed (after a crash), their output rebuilt
-        from their event log; their ids."""
+    async def fail_unfinished(self, message: str, now: float | None = None) -> list[str]:
+        """Mark failed the queued / in-progress responses whose lease lapsed before ``now``
+        (their replica died) or that hold none, their output rebuilt from their event log
+        and the log closed; their ids."""
+
+    async def renew(self, ids: list[str], replica: str, until: float
+                    ) -> tuple[set[str], set[str]]:
+        """Extend ``replica``'s leases on running responses to ``until``: of ``ids``, (the
+        ones whose cancel was requested, the ones it no longer holds)."""
+
+    async def request_cancel(self, response_id: str, owner: str) -> bool:
+        """Ask whichever replica runs the response to cancel it; False if it is not
+        running."""
+
+    async def start(self, on_cancel: Callable[[str], None]) -> None:
+        """Hear other replicas: ``changed`` events are set, and ``on_cancel(id)`` is called
+        for each cancel request."""
+
+    def changed(self, response_id: str) -> asyncio.Event:
+        """An event set when any replica next writes to this response (never, where the
+        database cannot tell)."""
 
     async def ping(self) -> None:
         """A small write that is undone: raises ``StoreUnavailable`` if nothing can be

@@ -50,6 +50,7 @@ import sqlalchemy as sa
 from podium.errors import StoreUnavailable
 from podium.render.responses import Sequencer, recover
 from podium.store.base import NO_OWNER, TERMINAL, StoredResponse
+from podium.store.listen import CANCELS, EVENTS, Listener
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,12 @@ responses = sa.Table(
     sa.Column("parent_id", sa.String(64), nullable=True, index=True),
     # a tombstone: deleted, but kept for the responses that continue from it
     sa.Column("deleted", sa.Boolean, nullable=False, server_default=sa.false()),
+    # while it runs: the replica running it and until when (epoch seconds) it holds it;
+    # a replica renews its leases, and any replica fails a response whose lease lapsed
+    sa.Column("lease_owner", sa.String(32), nullable=True),
+    sa.Column("lease_until", sa.Float, nullable=True),
+    # a cancel sent to another replica than the one running it: that one acts on it
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 input_items = sa.Table(
     "podium_input_items", metadata,
@@ -82,6 +89,11 @@ events = sa.Table(
     sa.Column("seq", sa.Integer, primary_key=True),
     sa.Column("body", sa.Text, nullable=False),
 )
+schema_version = sa.Table(   # one row: the schema version this database is at
+    "podium_schema", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False),
+)
 probes = sa.Table(        # /ready's write probe: rows live for one call
     "podium_probes", metadata,
     sa.Column("id", sa.String(32), primary_key=True),
@@ -90,6 +102,8 @@ probes = sa.Table(        # /ready's write probe: rows live for one call
 _PROBE_BYTES = 4096       # a page or more: a full database cannot find room for it
 CHAIN_LIMIT = 100_000     # the most responses ``chain`` walks (the newest ones)
 _LIVE = sa.not_(responses.c.deleted)
+_RUNNING = responses.c.status.in_(["queued", "in_progress"])
+_EVENTS, _CANCELS = EVENTS, CANCELS         # LISTEN / NOTIFY channels (``listen``)
 
 
 def data_dir() -> Path:
@@ -122,7 +136,22 @@ class SQLStore:
         self.engine = sa.create_engine(url, **kwargs)
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-        _create_schema(self.engine)
+        try:
+            _create_schema(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
+        self.listener = Listener(
+            self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            if self.engine.dialect.name == "postgresql" else None)
+
+    async def start(self, on_cancel: Callable[[str], None]) -> None:
+        """Hear other replicas' writes and cancel requests from now on (PostgreSQL)."""
+        await self.listener.start(on_cancel)
+
+    def changed(self, response_id: str) -> asyncio.Event:
+        """Set at the next write to this response by any replica (see ``listen``)."""
+        return self.listener.changed(response_id)
 
     async def _run(self, fn, *args):
         with _mapped():
@@ -130,10 +159,11 @@ class SQLStore:
 
     # -- responses ----------------------------------------------------------------------
 
-    async def put(self, record: StoredResponse) -> None:
-        await self._run(self._put, record)
+    async def put(self, record: StoredResponse, lease: tuple[str, float] | None = None
+                  ) -> None:
+        await self._run(self._put, record, lease)
 
-    def _put(self, record: StoredResponse) -> None:
+    def _put(self, record: StoredResponse, lease: tuple[str, float] | None = None) -> None:
         body = record.body
         with self.engine.begin() as db:
             db.execute(sa.delete(input_items).where(input_items.c.response_id == record.id))
@@ -147,7 +177,9 @@ class SQLStore:
                 id=record.id, created_at=body.get("created_at") or time.time(),
                 status=body.get("status") or "completed", body=_dumps(body),
                 history=_dumps(record.history), owner=record.owner,
-                parent_id=record.parent_id, deleted=False))
+                parent_id=record.parent_id, deleted=False,
+                lease_owner=lease[0] if lease else None,
+                lease_until=lease[1] if lease else None))
             if record.input_items:
                 db.execute(sa.insert(input_items), [
                     {"response_id": record.id, "position": i, "item_id": item["id"],
@@ -157,9 +189,13 @@ class SQLStore:
         await self._run(self._update, response_id, body)
 
     def _update(self, response_id: str, body: dict[str, Any]) -> None:
+        """A finished response is final: once failed by another replica (its lease lapsed)
+        or finished, no late write of the replica that ran it changes it."""
         with self.engine.begin() as db:
-            db.execute(sa.update(responses).where(responses.c.id == response_id).values(
-                status=body.get("status") or "completed", body=_dumps(body)))
+            if db.execute(sa.update(responses).where(
+                    responses.c.id == response_id, _RUNNING, _LIVE).values(
+                    status=body.get("status") or "completed", body=_dumps(body))).rowcount:
+                self._notify(db, _EVENTS, response_id)
 
     async def get(self, response_id: str, owner: str) -> StoredResponse | None:
         return await self._run(self._get, response_id, owner)
@@ -227,6 +263,8 @@ class SQLStore:
             if not _has_children(db, response_id):
                 _remove(db, response_id)
                 _collect(db, row.parent_id)
+            self._notify(db, _EVENTS, response_id)     # its followers end
+            self._notify(db, _CANCELS, response_id)    # the replica running it stops
         return True
 
     # -- input items --------------------------------------------------------------------
@@ -269,6 +307,7 @@ class SQLStore:
                 return False            # deleted: the writer stops
             if rest:
                 db.execute(sa.insert(events), rest)
+            self._notify(db, _EVENTS, response_id)
         return True
 
     async def events_after(self, response_id: str, after: int,
@@ -285,16 +324,63 @@ class SQLStore:
 
     # -- housekeeping -------------------------------------------------------------------
 
-    async def fail_unfinished(self, message: str) -> list[str]:
-        return await self._run(self._fail_unfinished, message)
+    async def fail_unfinished(self, message: str, now: float | None = None) -> list[str]:
+        return await self._run(self._fail_unfinished, message,
+                               time.time() if now is None else now)
 
-    def _fail_unfinished(self, message: str) -> list[str]:
+    def _fail_unfinished(self, message: str, now: float) -> list[str]:
+        """Fail the queued / in-progress responses whose lease lapsed before ``now`` (their
+        replica died or lost the database) or that hold none (written before leases). Each
+        is held while it is failed, and one held by another replica's pass is skipped
+        (PostgreSQL: ``SKIP LOCKED``), so two replicas never fail the same response twice."""
+        r = responses
+        lapsed = sa.or_(r.c.lease_until.is_(None), r.c.lease_until < now)
         with self.engine.begin() as db:
-            rows = db.execute(sa.select(responses.c.id, responses.c.body).where(
-                responses.c.status.in_(["queued", "in_progress"]), _LIVE)).all()
+            rows = db.execute(sa.select(r.c.id, r.c.body).where(_RUNNING, lapsed, _LIVE)
+                              .with_for_update(skip_locked=True)).all()
             for row in rows:
                 self._fail(db, row.id, orjson.loads(row.body), message)
+                self._notify(db, _EVENTS, row.id)
         return [row.id for row in rows]
+
+    # -- leases and cancels across replicas ---------------------------------------------
+
+    async def renew(self, ids: list[str], replica: str, until: float
+                    ) -> tuple[set[str], set[str]]:
+        return await self._run(self._renew, ids, replica, until) if ids else (set(), set())
+
+    def _renew(self, ids: list[str], replica: str, until: float) -> tuple[set[str], set[str]]:
+        """Extend ``replica``'s leases on these responses to ``until``; of them, (those whose
+        cancel was requested, those it no longer holds: finished, failed by another replica
+        after the lease lapsed, or deleted)."""
+        r = responses
+        with self.engine.begin() as db:
+            held = {row.id: row.cancel_requested for row in db.execute(
+                sa.update(r).where(r.c.id.in_(ids), r.c.lease_owner == replica, _RUNNING,
+                                   _LIVE).values(lease_until=until)
+                .returning(r.c.id, r.c.cancel_requested)).all()}
+        return {i for i, cancel in held.items() if cancel}, set(ids) - set(held)
+
+    async def request_cancel(self, response_id: str, owner: str) -> bool:
+        return await self._run(self._request_cancel, response_id, owner)
+
+    def _request_cancel(self, response_id: str, owner: str) -> bool:
+        """Ask the replica running this response to cancel it (its next lease renewal sees
+        the request; on PostgreSQL it hears at once); False if it is not running."""
+        r = responses
+        with self.engine.begin() as db:
+            if not db.execute(sa.update(r).where(
+                    r.c.id == response_id, r.c.owner == owner, _RUNNING, _LIVE).values(
+                    cancel_requested=True)).rowcount:
+                return False
+            self._notify(db, _CANCELS, response_id)
+        return True
+
+    def _notify(self, db: sa.Connection, channel: str, response_id: str) -> None:
+        """PostgreSQL: tell every replica's listener, at commit, that something about this
+        response changed (SQLite replicas share a file on one machine and poll)."""
+        if db.dialect.name == "postgresql":
+            db.execute(sa.select(sa.func.pg_notify(channel, response_id)))
 
     def _fail(self, db: sa.Connection, response_id: str, body: dict[str, Any],
               message: str) -> None:
@@ -355,11 +441,12 @@ class SQLStore:
             db.execute(sa.delete(probes))     # this one, and any a failed clean-up left
 
     async def aclose(self) -> None:
+        await self.listener.aclose()
         await self._run(self.engine.dispose)
 
 
 _ALIVE = (sa.select(responses.c.id).where(responses.c.id == sa.bindparam("response_id"),
-                                          _LIVE)
+                                          _LIVE, _RUNNING)
           .with_for_update(read=True, key_share=True))
 _GUARDED_APPEND = sa.insert(events).from_select(
     ["response_id", "seq", "body"],
@@ -427,53 +514,90 @@ def _mapped() -> Iterator[None]:
             "reached or written") from exc
 
 
+# The schema's versions: 1 the first; 2 added ``owner``; 3 ``parent_id`` (and its index) and
+# ``deleted``; 4 the lease columns and ``cancel_requested``, and the conversations' tables.
+# A database records its version in ``podium_schema``; one made before that table has none,
+# and its steps are found from its columns.
+SCHEMA_VERSION = 4
+_MIGRATION_LOCK = 0x706F6469756D     # PostgreSQL advisory lock: one replica migrates at once
+
+
 def _create_schema(engine: sa.Engine) -> None:
-    """Create what is missing, then migrate. Replicas starting together race to create the
-    same tables; the loser finds them made on its next look."""
+    """Create what is missing, then bring an older database to this version, in one
+    transaction that holds an advisory lock on PostgreSQL (replicas starting together
+    migrate one after the other, the others find it done). On SQLite, several processes on
+    one file race to create the same tables; the loser finds them made on its next look.
+    A database from a newer Podium is refused."""
     for attempt in range(3):
         try:
-            metadata.create_all(engine)
-            break
+            with engine.begin() as db:
+                if db.dialect.name == "postgresql":
+                    db.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                               {"key": _MIGRATION_LOCK})
+                found = _schema_version(db)
+                if found is not None and found > SCHEMA_VERSION:
+                    raise RuntimeError(
+                        f"The response store's database is at schema version {found}, newer "
+                        f"than this Podium's ({SCHEMA_VERSION}): run a Podium as new as the "
+                        f"one that wrote it")
+                metadata.create_all(db)
+                if found != SCHEMA_VERSION:
+                    _migrate(db)
+                    if found is None:
+                        db.execute(sa.insert(schema_version).values(id=1,
+                                                                    version=SCHEMA_VERSION))
+                    else:
+                        db.execute(sa.update(schema_version).where(
+                            schema_version.c.id == 1).values(version=SCHEMA_VERSION))
+                    log.info("response store: schema version %s -> %d", found or "unrecorded",
+                             SCHEMA_VERSION)
+            return
         except sa.exc.DBAPIError:
             if attempt == 2:
                 raise
-    _migrate(engine)
 
 
-def _migrate(engine: sa.Engine) -> None:
-    """Bring a database made by an earlier Podium to this schema. Added so far: the owner
-    column (existing responses belong to NO_OWNER, the owner of a server without keys);
-    the parent_id column and its index, and the deleted column (existing responses: no
-    parent, as they carry their whole conversation in ``history``; not deleted). Safe when
-    several replicas start at once."""
+def _schema_version(db: sa.Connection) -> int | None:
+    if not sa.inspect(db).has_table(schema_version.name):
+        return None
+    return db.execute(sa.select(schema_version.c.version).where(
+        schema_version.c.id == 1)).scalar()
+
+
+def _migrate(db: sa.Connection) -> None:
+    """Add what a database made by an earlier Podium lacks: each step looks at the columns
+    and indexes there are, so a step already done (or a database new enough) is left as it
+    is. Existing responses belong to NO_OWNER (the owner of a server without keys), have no
+    parent (they carry their whole conversation in ``history``), are not deleted, hold no
+    lease (so an unfinished one is failed at start, as before) and no cancel request."""
     def columns() -> set[str]:
-        return {c["name"] for c in sa.inspect(engine).get_columns(responses.name)}
+        return {c["name"] for c in sa.inspect(db).get_columns(responses.name)}
 
-    def indexes() -> set[str | None]:
-        return {i["name"] for i in sa.inspect(engine).get_indexes(responses.name)}
+    def indexes() -> set[str]:
+        return {str(i["name"]) for i in sa.inspect(db).get_indexes(responses.name)}
 
-    def add(name: str, ddl: str, present: Callable[[], set[str]] | Callable[[], set[str | None]]
-            ) -> None:
+    def add(name: str, ddl: Any, present: Callable[[], set[str]]) -> None:
+        """Run ``ddl`` unless another process (SQLite: replicas on one file are not held
+        off by a lock here) did it first."""
         try:
-            with engine.begin() as db:
-                db.execute(sa.text(ddl))
+            db.execute(ddl)
         except sa.exc.DBAPIError:
-            if name not in present():       # else another replica added it first
+            if name not in present():
                 raise
         log.info("response store: added %s", name)
 
     have = columns()
     if "owner" not in have:
-        add("owner", f"ALTER TABLE {responses.name} ADD COLUMN owner VARCHAR(64) "
-            f"NOT NULL DEFAULT '{NO_OWNER}'", columns)
-    for name in ("parent_id", "deleted"):
+        add("owner", sa.text(f"ALTER TABLE {responses.name} ADD COLUMN owner VARCHAR(64) "
+                             f"NOT NULL DEFAULT '{NO_OWNER}'"), columns)
+    for name in ("parent_id", "deleted", "lease_owner", "lease_until", "cancel_requested"):
         if name not in have:
-            column = sa.schema.CreateColumn(responses.c[name]).compile(dialect=engine.dialect)
-            add(name, f"ALTER TABLE {responses.name} ADD COLUMN {column}", columns)
-    (index,) = [i for i in responses.indexes if "parent_id" in i.columns]
-    if index.name not in indexes():
-        add(str(index.name), str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)),
-            indexes)
+            column = sa.schema.CreateColumn(responses.c[name]).compile(dialect=db.dialect)
+            add(name, sa.text(f"ALTER TABLE {responses.name} ADD COLUMN {column}"), columns)
+    made = indexes()
+    for index in responses.indexes:
+        if index.name not in made:
+            add(str(index.name), sa.schema.CreateIndex(index), indexes)
 
 
 def _sqlite_pragmas(connection, _record) -> None:

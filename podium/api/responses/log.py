@@ -2,7 +2,7 @@
 readers on any replica, and the last writes of runs that ended, kept until they are done.
 
 ``EventLog`` appends one response's events to the store and wakes the followers waiting on
-it; it stops for good (``gone``) when the response is deleted: at once on this replica
+it on this replica (followers on other replicas hear of the write from the store: ``changed``); it stops for good (``gone``) when the response is deleted: at once on this replica
 (``discard``), at its next append on any other (the store refuses it). ``Logs`` holds the
 logs open on this replica, ``follow`` replays a log and then tails it, and ``Finalizers``
 runs the last writes of a stream whose client has gone, each tracked until it finishes, so a
@@ -82,6 +82,7 @@ class Logs:
         """The logged events after ``after``, then live ones, up to the terminal event."""
         store = self._store
         while True:
+            changed = store.changed(response_id)    # taken before reading: a write after
             events = await store.events_after(response_id, after)
             for event in events:
                 yield event
@@ -97,10 +98,10 @@ class Logs:
                                       await store.events_after(response_id, after, 1)):
                     return
             try:
-                if writer is not None:
-                    await asyncio.wait_for(writer.changed.wait(), POLL_SECONDS)
-                else:
-                    await asyncio.sleep(POLL_SECONDS)
+                # written here: this replica's writer says so; elsewhere: the store hears
+                # it (PostgreSQL's NOTIFY), else it is looked at again after a short while
+                await asyncio.wait_for((writer.changed if writer is not None
+                                        else changed).wait(), POLL_SECONDS)
             except asyncio.TimeoutError:
                 pass
 

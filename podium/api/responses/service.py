@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncGenerator
 
-from podium.api.responses.log import EventLog, Finalizers, Logs
+from podium.api.responses.log import POLL_SECONDS, EventLog, Finalizers, Logs
 from podium.api.responses.runner import Plan, Run
 from podium.api.responses.translate import (ToolMap, as_input, normalize_input, skeleton,
                                             to_conversation, to_options, turn_starts)
@@ -65,6 +66,9 @@ class ResponsesService:
         self._settings = settings
         self._sealer = sealer
         self._running: dict[str, asyncio.Task] = {}     # background responses on this replica
+        self._replica = secrets.token_hex(8)            # this process, as a lease holder
+        self._leased: set[str] = set()                  # stored responses running here
+        self._keeper: asyncio.Task | None = None
         self._logs = Logs(store)                        # responses being logged on it
         self._finalizers = Finalizers()                 # last writes of ended streams
         self._closing = False
@@ -72,21 +76,28 @@ class ResponsesService:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def startup(self) -> None:
-        failed = await self._store.fail_unfinished(
-            "The server stopped while this response was running")
-        if failed:
-            log.warning("marked %d interrupted responses failed", len(failed))
+        await self._store.start(self._cancel_here)
+        await self._fail_abandoned()
+        self._keeper = asyncio.create_task(self._keep_leases(), name="podium-leases")
         if self._settings.response_retention_days > 0:
             cutoff = time.time() - self._settings.response_retention_days * 86400
             await self._store.prune(cutoff)
 
     async def shutdown(self) -> None:
-        """Leave running background responses for the next start to resolve."""
+        """Stop running background responses and give up their leases: the next start,
+        or another replica at once, marks them failed with their logs closed."""
         self._closing = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
         for task in list(self._running.values()):
             task.cancel()
         await asyncio.gather(*self._running.values(), return_exceptions=True)
         await self._finalizers.drain()
+        try:
+            await self._store.renew(sorted(self._leased), self._replica, 0)
+        except StoreUnavailable as exc:
+            log.warning("response leases not given up (they lapse): %s", exc.message)
 
     # -- create -------------------------------------------------------------------------
 
@@ -120,8 +131,10 @@ class ResponsesService:
     async def _store_first(self, plan: Plan, owner: str) -> None:
         record = StoredResponse(plan.response["id"], dict(plan.response), [],
                                 plan.input_items, owner, parent_id=plan.parent_id)
+        lease = (self._replica, time.time() + self._settings.response_lease_seconds)
         try:
-            await self._store.put(record)
+            await self._store.put(record, lease)
+            self._leased.add(record.id)
         except BaseException:
             if plan.choice.outputs is not None:     # already queued with the engine: drop it
                 await plan.choice.outputs.aclose()
@@ -245,11 +258,17 @@ class ResponsesService:
         except BaseException as exc:
             if store:       # a client that left, or a failure: the record says so
                 run.stop(exc)
-                self._finalizers.spawn(self._store.update(plan.response["id"], run.response))
+                self._finalizers.spawn(self._last_update(plan.response["id"], run.response))
             raise
         if store:
-            await self._store.update(plan.response["id"], run.response)
+            await self._last_update(plan.response["id"], run.response)
         return run.response
+
+    async def _last_update(self, response_id: str, response: dict[str, Any]) -> None:
+        try:
+            await self._store.update(response_id, response)
+        finally:
+            self._leased.discard(response_id)
 
     async def _stream(self, plan: Plan, store: bool, turn: Turn | None = None
                       ) -> AsyncGenerator[dict[str, Any], None]:
@@ -278,6 +297,7 @@ class ResponsesService:
             if not writer.gone:
                 await self._store.update(response["id"], response)
         finally:
+            self._leased.discard(response["id"])
             self._logs.close(writer)
 
     async def _background(self, plan: Plan, writer: EventLog, turn: Turn | None = None
@@ -306,6 +326,8 @@ class ResponsesService:
                 log.warning("background response %s was not stored: %s", rid, exc.message)
             finally:
                 self._running.pop(rid, None)
+                if not self._closing:       # else its lease lapses: another replica ends it
+                    self._leased.discard(rid)
                 self._logs.close(writer)
 
     # -- reading back -------------------------------------------------------------------
@@ -329,15 +351,70 @@ class ResponsesService:
         return self._logs.follow(response_id, starting_after, owner)
 
     async def cancel(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
+        """Cancel a running background response, here or (through the store) on the replica
+        that runs it; the answer is the response once it has ended."""
         record = await self._get(response_id, owner)
         task = self._running.get(response_id)
-        if task is None:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        elif (record.status in TERMINAL or not record.body.get("background")
+              or not await self._store.request_cancel(response_id, owner)):
             raise InvalidRequestError(
                 f"Only a background response that is still running can be cancelled; this "
                 f"one is {record.status}", param="response_id")
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        else:
+            await self._until_finished(response_id, owner)
         return (await self._get(response_id, owner)).body
+
+    async def _until_finished(self, response_id: str, owner: str) -> None:
+        """Wait (a lease's time at most: by then a dead replica's response is failed) until
+        the response has ended on whichever replica runs it."""
+        deadline = time.monotonic() + self._settings.response_lease_seconds + 5
+        while time.monotonic() < deadline:
+            changed = self._store.changed(response_id)      # before the read
+            record = await self._store.get(response_id, owner)
+            if record is None or record.status in TERMINAL:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), POLL_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- leases: every stored response that runs is held by its replica -----------------
+
+    def _cancel_here(self, response_id: str) -> None:
+        """A cancel request heard from another replica (or a lease lost): end the
+        background response if it runs here."""
+        task = self._running.get(response_id)
+        if task is not None and not task.done():
+            log.info("response %s: cancelled through the store", response_id)
+            task.cancel()
+
+    async def _keep_leases(self) -> None:
+        """Renew this replica's leases every third of a lease; act on the cancel requests
+        they carry; stop what it no longer holds; fail other replicas' lapsed responses."""
+        lease = self._settings.response_lease_seconds
+        while True:
+            await asyncio.sleep(lease / 3)
+            try:
+                cancel, lost = await self._store.renew(sorted(self._leased), self._replica,
+                                                       time.time() + lease)
+                self._leased -= lost
+                for response_id in cancel | lost:
+                    self._cancel_here(response_id)
+                await self._fail_abandoned()
+            except StoreUnavailable as exc:
+                log.warning("response leases not renewed: %s", exc.message)
+            except Exception:  # noqa: BLE001 - the keeper must outlive any one failure
+                log.exception("response leases: renewal failed")
+
+    async def _fail_abandoned(self) -> None:
+        failed = await self._store.fail_unfinished(
+            "The server running this response stopped before it finished")
+        if failed:
+            log.warning("marked %d interrupted responses failed: %s", len(failed),
+                        ", ".join(failed))
 
     async def delete(self, response_id: str, owner: str = NO_OWNER) -> dict[str, Any]:
         await self._get(response_id, owner)
