@@ -26,6 +26,14 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def podium_serve(*args: str, timeout: float = 120) -> Iterator[str]:
     """``podium serve ARGS`` on a free port until healthy (its URL), stopped afterwards."""
+    with podium_process(*args, timeout=timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def podium_process(*args: str, timeout: float = 120
+                   ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``podium_serve``, giving its process too (to kill it)."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port),
                              *args], env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -44,7 +52,7 @@ def podium_serve(*args: str, timeout: float = 120) -> Iterator[str]:
             pytest.fail(f"podium serve {' '.join(args)} did not become healthy in {timeout} s")
         time.sleep(0.2)
     try:
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
