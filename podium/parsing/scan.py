@@ -196,6 +196,8 @@ class JsonPrefix:
                     return True
                 return False
             if c in _NUMBER_CHARS:
+                if not _number_prefix_ok(self._token + c):     # "1-", "01", "1.e"
+                    return False
                 self._token += c
                 return True
             if not _number_ok(self._token):
@@ -314,3 +316,8 @@ class JsonPrefix:
 
 def _number_ok(token: str) -> bool:
     return re.fullmatch(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?", token) is not None
+
+
+def _number_prefix_ok(token: str) -> bool:
+    """``token`` can still grow into a number (``completion`` then appends a ``0``)."""
+    return _number_ok(token) or _number_ok(token + "0")

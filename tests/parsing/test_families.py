@@ -18,9 +18,9 @@ CASES = {
         ('<tool_call>{"name": "get_time"}</tool_call>', "", [("get_time", {})]),
         ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call>',
          "", [("get_weather", W)]),
-        ("Write <tool_call> tags around calls.", "Write <tool_call> tags around calls.", []),
-        ('<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>',
-         '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>', []),
+        # markup never reaches content (docs/parsing.md, "Malformed model output")
+        ("Write <tool_call> tags around calls.", "Write  tags around calls.", []),
+        ('<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>', "", []),
         ('<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>',
          "", [("get_weather", {"city": "</tool_call>"})]),
     ],
@@ -35,8 +35,7 @@ CASES = {
          "Writing.", [("write_file", {"path": "a.py", "content": 'x = "</parameter>"\n<b>bold</b>',
                                       "mode": {"a": [1, 2]}, "force": True})]),
         ("<tool_call>\n<function=get_time>\n</function>\n</tool_call>", "", [("get_time", {})]),
-        ("<tool_call>\n<function=nope>\n</function>\n</tool_call>",
-         "<tool_call>\n<function=nope>\n</function>\n</tool_call>", []),
+        ("<tool_call>\n<function=nope>\n</function>\n</tool_call>", "", []),
     ],
     "glm45": [
         ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
@@ -164,8 +163,7 @@ def test_malformed_calls_never_raise(broken):
         out = parse(broken, sizes)
         for name, args in out.calls:
             assert name == "get_weather" and isinstance(args, dict)
-        if not out.calls:
-            assert out.content == broken
+        assert "<tool_call>" not in out.content and "</tool_call>" not in out.content
 
 
 def test_fallback_reads_objects_one_after_another():
@@ -179,16 +177,14 @@ def test_fallback_reads_objects_one_after_another():
 @pytest.mark.parametrize("family, text, content, calls", [
     # a raw control character in a key: not JSON (json.loads used to raise out of the parser)
     ("hermes", '<tool_call>{"name": "get_weather", "ci\nty": "Paris"}</tool_call>',
-     ': "Paris"}</tool_call>', [("get_weather", {})]),
-    ("hermes", '<tool_call>{"na\nme": "get_time"}</tool_call>',
-     '<tool_call>{"na\nme": "get_time"}</tool_call>', []),
+     "", [("get_weather", {})]),
+    ("hermes", '<tool_call>{"na\nme": "get_time"}</tool_call>', "", []),
     # a bad escape: closed after the backslash (was closed as \", an unterminated string)
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Par\\\nis"}', "",
      [("get_weather", {"city": "Par\n"})]),
-    # a later object that is no call is content, all of it, however the text is cut
+    # a later object in the list that is no call is dropped, however the text is cut
     ("json", '[{"name": "get_time", "arguments": {}}, {"name": "get_\tweather", '
-     '"arguments": {}}] Done.', '{"name": "get_\tweather", "arguments": {}}] Done.',
-     [("get_time", {})]),
+     '"arguments": {}}] Done.', " Done.", [("get_time", {})]),
     # Python literals that are not JSON: not a call list
     ("pythonic", '[get_weather(city=b"Paris")]', '[get_weather(city=b"Paris")]', []),
     ("pythonic", "[get_weather(days=1e999)]", "[get_weather(days=1e999)]", []),

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from podium.parsing.events import Event, TextDelta, ToolCallArgsDelta, ToolCallBegin, ToolCallEnd
-from podium.parsing.scan import JsonPrefix, Markers
+from podium.parsing.scan import JsonPrefix, JsonValue, Markers
 from podium.parsing.tools.jsoncall import JsonCall
 
 log = logging.getLogger(__name__)
 _WS = " \t\r\n"
+STRAY = "\"'}])"       # what a model leaves after a call's JSON: dropped, never content
 
 
 def new_call_id() -> str:
@@ -43,7 +44,13 @@ class ToolSet:
 
 
 class ToolParser:
-    """Base: buffering, content text, and opening / streaming / closing calls."""
+    """Base: buffering, content text, and opening / streaming / closing calls.
+
+    ``MARKUP`` is the family's structure (its delimiters): it never reaches content. Text
+    states scan for it with ``scan_text`` and drop what does not open a call.
+    """
+
+    MARKUP: tuple[str, ...] = ()
 
     def __init__(self, tools: ToolSet):
         self.tools = tools
@@ -55,6 +62,9 @@ class ToolParser:
         self._gap: list[str] = []   # blanks a state set aside while it waits (hold_blanks)
         self._call: _OpenCall | None = None
         self._dropping = False      # a call beyond max_calls: parsed, never shown
+        self._skip: JsonValue | None = None     # a dropped call's JSON, followed to its end
+        self._guard = Markers(*self.MARKUP) if self.MARKUP else None    # see text()
+        self._guard_tail = ""       # content that may begin a marker with what follows
 
     # -- the parser surface -------------------------------------------------------------
 
@@ -77,6 +87,9 @@ class ToolParser:
         """The output ended: finish what is open, release what was held."""
         rest, self._buf = self._buf, ""
         self._finish(rest)
+        if self._guard_tail:            # the output ended: no marker can follow
+            tail, self._guard, self._guard_tail = self._guard_tail, None, ""
+            self.text(tail)
         if self._call is not None:
             self.end_call()
         if self._ws and not self.calls:
@@ -109,23 +122,68 @@ class ToolParser:
         gap, self._gap = "".join(self._gap), []
         return gap
 
-    def scan_text(self, buf: str, markers: Markers) -> tuple[int | None, str | None]:
-        """Content up to the first marker: (characters used, the marker found or None)."""
+    def scan_text(self, buf: str, markers: Markers,
+                  openers: tuple[str, ...] | None = None) -> tuple[int | None, str | None]:
+        """Content up to the first marker: (characters used, the marker found or None).
+
+        With ``openers``, a marker that is not one of them is stray markup: it is dropped
+        (logged) and the scan goes on as if it had not been there (the marker is None)."""
         pos, marker = markers.find(buf)
         if marker is None:
             safe = len(buf) - markers.held(buf)
             self.text(buf[:safe])
             return (safe or None), None
         self.text(buf[:pos])
+        if openers is not None and marker not in openers:
+            self.stray(marker)
+            return pos + len(marker), None
         return pos + len(marker), marker
+
+    # -- malformed output (docs/parsing.md, "Malformed model output") ---------------------
+
+    def stray(self, markup: str, where: str = "content") -> None:
+        """Markup out of place (a doubled, unmatched or unfinished delimiter): dropped."""
+        log.warning("dropped stray %r from the model's %s", markup, where)
+
+    def drop_call(self, name: str | None, why: str = "not a declared tool") -> None:
+        """A call that cannot be kept: nothing of it (markup or text) reaches the answer."""
+        log.warning("dropped a tool call%s: %s", f" to {name!r}" if name else "", why)
+
+    def skip_stray(self, buf: str) -> int:
+        """How many of the characters that start ``buf`` are a stray quote, brace or bracket
+        left after a call's JSON (dropped, logged once per run)."""
+        n = len(buf) - len(buf.lstrip(STRAY))
+        if n:
+            self.stray(buf[:n], "tool call")
+        return n
+
+    def skip_json(self, text: str) -> int:
+        """Start skipping a dropped call's JSON value with ``text`` (the value's text so
+        far, and perhaps more): the index in ``text`` just past its end, or -1 if it goes
+        on (then ``skipping`` takes the rest)."""
+        self._skip = JsonValue()
+        return self.skipping(text)
+
+    def skipping(self, buf: str) -> int:
+        """More of a skipped JSON value: the index just past its end, or -1 (all used)."""
+        assert self._skip is not None
+        end = self._skip.feed(buf)
+        self._skip._parts.clear()           # followed, never kept
+        if end >= 0:
+            self._skip = None
+        return end
 
     # -- helpers for subclasses ----------------------------------------------------------
 
     def text(self, text: str) -> None:
         """Content; whitespace right before a call (or after the last one) is dropped.
 
-        Trailing whitespace is held until more text shows it is not before a call.
+        Trailing whitespace is held until more text shows it is not before a call. The
+        family's markup never passes: the states drop what is out of place, and this last
+        guard drops what their pieces would make again when joined (``a[`` + ``ARGS]``).
         """
+        if self._guard is not None:
+            text = self._guarded(text)
         if not text:
             return
         body = text.rstrip()
@@ -134,6 +192,21 @@ class ToolParser:
             return
         self._out.append(TextDelta("".join(self._ws) + body if self._ws else body))
         self._ws = [text[len(body):]] if len(body) < len(text) else []
+
+    def _guarded(self, text: str) -> str:
+        guard = self._guard
+        assert guard is not None
+        if self._guard_tail:
+            text, self._guard_tail = self._guard_tail + text, ""
+        pos, marker = guard.find(text)
+        while marker is not None:
+            self.stray(marker)
+            text = text[:pos] + text[pos + len(marker):]
+            pos, marker = guard.find(text, max(0, pos - len(marker)))
+        held = guard.held(text)
+        if held:
+            self._guard_tail, text = text[len(text) - held:], text[:len(text) - held]
+        return text
 
     @property
     def _open_name(self) -> str:
@@ -158,6 +231,15 @@ class ToolParser:
         call = self._call
         if not text or call is None:
             return
+        if not call.parts and not call.json.broken:     # arguments are an object, or {}
+            text = text.lstrip(_WS)
+            if not text:
+                return
+            if text[0] != "{":
+                call.json.broken = call.warned = True
+                log.warning("tool call %r: arguments are not a JSON object; sent as {}",
+                            call.name)
+                return
         n = call.json.feed(text)
         accepted = text if n == len(text) else text[:n]
         if call.json.broken and not call.warned:
@@ -167,7 +249,8 @@ class ToolParser:
         self._append(call, accepted)
 
     def end_call(self) -> None:
-        """Close the open call; arguments cut short or malformed are completed to valid JSON."""
+        """Close the open call; arguments cut short or malformed are completed to valid JSON
+        (always an object)."""
         call, self._call = self._call, None
         if call is None:
             return

@@ -5,13 +5,16 @@
     ```
 
 Only at the start of the answer, only when tools were sent, and only for a declared name;
-anything else goes to the family's own parser untouched.
+anything else goes to the family's own parser untouched (JSON without markup that names no
+declared tool is an answer, not a call). Once calls were read, the rest of the answer goes
+to the family's parser too: an object in the list that is no call is dropped, and a stray
+quote or brace and the closing fence are skipped.
 """
 
 from __future__ import annotations
 
 from podium.parsing.events import Event
-from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.parsing.tools.base import STRAY, ToolParser, ToolSet
 
 _WS = " \t\r\n"
 
@@ -25,6 +28,9 @@ class FallbackJsonParser(ToolParser):
         self._raw: list[str] = []     # all text seen while no call has begun, in pieces
         self._object: list[str] = []  # a later object's text until it names its tool
         self.gave_up = False
+        self.handed_over = False      # calls were read: the rest is the family parser's
+        self.handed_text = ""         # blanks held when it handed over
+        self._junk_logged = False
 
     def take_raw(self) -> list[str]:
         """All text seen while no call had begun, in pieces (the primary's, if this gave up)."""
@@ -41,15 +47,24 @@ class FallbackJsonParser(ToolParser):
         return events
 
     def _give_up(self) -> int | None:
-        if self.calls:                # calls were made: the rest is plain content
-            self._state = "text"
-            self.text(self.take_blanks())
-            return 0
+        if self.calls:                # calls were made: the rest is the family parser's
+            return self._hand_over()
         self.gave_up = True
         return None
 
+    def _hand_over(self) -> int | None:
+        """Stop here: the unprocessed text (held blanks first) goes to the family parser;
+        inside a fence, what is no call is dropped up to the fence instead."""
+        if self._fenced:
+            self.take_blanks()
+            self._state, self._junk_logged = "junk", False
+            return 0
+        self.handed_over, self.handed_text = True, self.take_blanks()
+        self._state = "text"
+        return None
+
     def _step(self, buf: str) -> int | None:
-        if self.gave_up:
+        if self.gave_up or self.handed_over:
             return None
         return getattr(self, "_s_" + self._state)(buf)
 
@@ -85,47 +100,90 @@ class FallbackJsonParser(ToolParser):
             else:
                 self._object.clear()
         if outcome == "no call":
-            if self.calls:            # after calls: this object is content, all of it
-                self._state = "text"
-                self.text("".join(self._object) + buf[:used])
+            if self.calls:            # after calls: an object that is no call is dropped
+                self.drop_call(self._json.seen_name, self._json.why)
+                raw, self._object = "".join(self._object) + buf[:used], []
+                end = self.skip_json(raw)
+                if end < 0:
+                    self._state = "skip"
+                    return used
+                self.push_back(raw[end:])
+                self._state = "next"
                 return used
             return self._give_up()
-        if outcome != "more":
-            self._state = "next" if outcome == "done" else "text"
+        if outcome == "broken" and self._fenced:    # the rest of the fence is the call's
+            self._state, self._junk_logged = "junk", False
+        elif outcome != "more":
+            self._state = "next"
         return used
+
+    def _s_junk(self, buf: str) -> int | None:
+        """What follows a call whose JSON broke inside a fence, up to the fence: dropped."""
+        pos = buf.find("```")
+        end = pos if pos >= 0 else len(buf) - (len(buf) - len(buf.rstrip("`")))
+        if buf[:end].strip(_WS) and not self._junk_logged:
+            self._junk_logged = True             # once: it comes in many deltas
+            self.stray(buf[:end].strip(_WS)[:40], "tool call (what followed its broken JSON)")
+        if pos < 0:
+            return end or None
+        self._fenced, self._in_list, self._state = False, False, "next"
+        return pos + 3
+
+    def _s_skip(self, buf: str) -> int | None:
+        end = self.skipping(buf)
+        if end < 0:
+            return len(buf)
+        self._state = "next"
+        return end
 
     def _s_next(self, buf: str) -> int | None:
         blanks = self.hold_blanks(buf)      # content only if what follows is
         if blanks:
             return blanks
-        if self._fenced and "```".startswith(buf) and buf != "```":
-            return None
-        gap = self.take_blanks()
+        if buf.startswith("```") or "```".startswith(buf):
+            return self._closing_fence(buf)
         if self._in_list and buf[0] == ",":
+            self.take_blanks()
             self._state = "start"
             return 1
         if self._in_list and buf[0] == "]":
+            self.take_blanks()
             self._in_list = False
             return 1
         if not self._in_list and buf[0] == "{":       # objects one after another
+            self.take_blanks()
             self._state = "start"
             return 0
-        if self._fenced and buf.startswith("```"):
-            self._fenced = False
-            return 3
-        self._state = "text"
-        self.text(gap)
-        return 0
+        stray = self.skip_stray(buf)
+        if stray:
+            self.take_blanks()
+            return stray
+        return self._hand_over()
 
-    def _s_text(self, buf: str) -> int | None:
-        self.text(buf)
-        return len(buf)
+    def _closing_fence(self, buf: str) -> int | None:
+        """A fence after calls closes them (and one more is a stray), unless it opens a new
+        block (a language follows it): then it is the family parser's, as content."""
+        if self._fenced and buf.startswith("```"):      # the closing fence, whatever follows
+            self._fenced = self._in_list = False
+            self.take_blanks()
+            return 3
+        newline = buf.find("\n")
+        line = buf[3:] if newline < 0 else buf[3:newline]
+        if line.strip(_WS + "`" + STRAY):          # a language: a new block
+            return self._hand_over()
+        if newline < 0:
+            return None                     # the end of the line decides
+        if not self._fenced:
+            self.stray("```")
+        self._fenced = False
+        self.take_blanks()
+        return 3
 
     def _finish(self, rest: str) -> None:
         if not self.calls and self._state != "text":
             self.gave_up = True       # the output ended before any call: it was text
-        elif self._state == "text":
-            self.text(rest)
+        elif self._state == "next" and rest.strip(_WS + "`" + STRAY):
+            self.handed_over, self.handed_text = True, self.take_blanks() + rest
 
 
 class WithJsonFallback:
@@ -139,8 +197,8 @@ class WithJsonFallback:
         self._start = ""               # ... after its leading whitespace (at most "``")
 
     @property
-    def calls(self) -> int:
-        return self._primary.calls + self._fallback.calls
+    def calls(self) -> int:     # the primary counts on from the fallback's calls
+        return max(self._primary.calls, self._fallback.calls)
 
     def feed(self, text: str) -> list[Event]:
         if self._active is not None:
@@ -163,10 +221,21 @@ class WithJsonFallback:
     def _to_active(self, text: str) -> list[Event]:
         active = self._active or self._primary
         events = active.feed(text)
-        if active is self._fallback and self._fallback.gave_up:
-            self._active = self._primary
-            events += self._replay()
+        if active is self._fallback:
+            if self._fallback.gave_up:
+                self._active = self._primary
+                events += self._replay()
+            elif self._fallback.handed_over:
+                events += self._hand_over()
         return events
+
+    def _hand_over(self) -> list[Event]:
+        """Calls were read: what follows is the family parser's (its markup, its calls)."""
+        fallback, primary = self._fallback, self._primary
+        self._active = primary
+        rest, fallback._buf = fallback.handed_text + fallback._buf, ""
+        primary.calls = fallback.calls        # call indices go on from the fallback's
+        return primary.feed(rest) if rest else []
 
     def _replay(self) -> list[Event]:
         events: list[Event] = []
@@ -183,5 +252,7 @@ class WithJsonFallback:
             events = self._fallback.flush()
             if self._fallback.gave_up:
                 return self._replay() + self._primary.flush()
+            if self._fallback.handed_over:
+                return events + self._hand_over() + self._primary.flush()
             return events
         return self._primary.flush()

@@ -36,6 +36,7 @@ class JsonCall:
         self._value = JsonValue()
         self._early_args: list[str] = []   # arguments written before the name
         self.name: str | None = None
+        self.seen_name: str | None = None  # the name written, declared or not
         self.failed = False
         self.done = False
         self.had_args = False
@@ -140,6 +141,8 @@ class JsonCall:
                 name = json.loads(text)
             except ValueError:
                 name = None
+            if isinstance(name, str):
+                self.seen_name = name
             if not isinstance(name, str) or not self._allows(name):
                 self.failed = True
                 return
@@ -169,6 +172,11 @@ class JsonCall:
             self.failed = True      # an object without a name is not a call
             return
         self.done = True
+
+    @property
+    def why(self) -> str:
+        """Why a failed object is no call."""
+        return "not a declared tool" if self.seen_name is not None else "not a call object"
 
     def _args(self, text: str) -> None:
         if not text:

@@ -17,7 +17,9 @@ Kimi K2::
 
     <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
 
-A call naming an undeclared tool is content, markup included.
+A call naming an undeclared tool is dropped, markup and all (logged); the markers never
+reach content (a doubled one is read once, a stray one dropped); a call whose opener or
+argument marker was left out is still read when its name is unambiguous.
 """
 
 from __future__ import annotations
@@ -54,13 +56,22 @@ KIMI_K2 = SectionFormat("<|tool_calls_section_begin|>", "<|tool_calls_section_en
 MISTRAL = SectionFormat("[TOOL_CALLS]", None, None, "[ARGS]", None, str.strip)
 
 
+NAME = re.compile(r"[\w.:\-]*")        # a header: a name (Kimi: functions.NAME:0)
+
+
 class SectionParser(ToolParser):
     def __init__(self, tools: ToolSet, fmt: SectionFormat):
         super().__init__(tools)
         self.fmt = fmt
-        self._open = Markers(fmt.section_open)
+        self.MARKUP = tuple(m for m in (fmt.section_open, fmt.section_close, fmt.call_open,
+                                        fmt.header_end, fmt.call_close) if m)
+        self._openers = tuple(m for m in (fmt.section_open, fmt.call_open) if m)
+        self._text_marks = self._guard = Markers(*self.MARKUP)
         self._state = "text"
-        self._raw: list[str] = []     # markup held while it may be content, in pieces
+        self._header: list[str] = []  # the header (a name) so far, in pieces
+        self._named_some = False      # ... it has a name's first characters
+        self._after_name = False      # ... and blanks after them
+        self._object: list[str] = []  # a list item's text until it names its tool
         self._args: JsonValue | None = None
         self._fresh = False           # just after the section opener
 
@@ -68,101 +79,184 @@ class SectionParser(ToolParser):
         return getattr(self, "_s_" + self._state)(buf)
 
     def _s_text(self, buf: str) -> int | None:
-        used, marker = self.scan_text(buf, self._open)
-        if marker is not None:
-            self._state, self._raw, self._fresh = "section", [marker], True
-        return used
-
-    def _content(self, used: int, buf: str) -> int:
-        self.text("".join(self._raw) + buf[:used])
-        self._raw, self._state = [], "text"
+        used, marker = self.scan_text(buf, self._text_marks, self._openers)
+        if marker == self.fmt.section_open:
+            self._state, self._fresh = "section", True
+        elif marker is not None:             # a call's opener, its section's left out
+            self._new_header()
         return used
 
     def _s_section(self, buf: str) -> int | None:
         """Between calls: the next call's opener, the section's end, or (Mistral) a list.
-        Blanks are set aside first: markup (kept with ``_raw``) or content, once decided."""
+        Blanks here are layout, unless prose follows (then they are content)."""
         blanks = self.hold_blanks(buf)
         if blanks:
             return blanks
         fmt, fresh = self.fmt, self._fresh
-        if fmt.call_open is None:              # Mistral: each call repeats [TOOL_CALLS]
-            if not fresh and fmt.section_open.startswith(buf) and buf != fmt.section_open:
-                return None
-            self._fresh = False
+        if fmt.section_open.startswith(buf) and buf != fmt.section_open:
+            return None
+        if buf.startswith(fmt.section_open):     # Mistral's next call, or written twice
             self.take_blanks()
+            if fmt.call_open is not None or fresh:
+                self.stray(fmt.section_open)
+            self._new_header("section" if fmt.call_open else "header")
+            return len(fmt.section_open)
+        if fmt.call_open is None:              # Mistral: each call repeats [TOOL_CALLS]
+            self._fresh = False
             if fresh:
-                self._state = "list" if buf[0] == "[" else "header"
+                self._new_header("list" if buf[0] == "[" else "header", self.take_blanks())
                 return int(buf[0] == "[")
-            if buf.startswith(fmt.section_open):
-                self._state = "header"
-                return len(fmt.section_open)
-            self._state = "text"
-            return 0
-        for tag, state in ((fmt.call_open, "header"), (fmt.section_close, "text")):
+            return self._back_to_text()
+        for tag, state in ((fmt.call_open, "header"), (fmt.section_close, "text"),
+                           (fmt.call_close, "section")):
             if tag is None:
                 continue
             if tag.startswith(buf) and buf != tag:
                 return None
             if buf.startswith(tag):
                 self._fresh = False
-                self._raw += [self.take_blanks(), tag]
-                self._state = state
+                self.take_blanks()
+                if tag == fmt.call_close:
+                    self.stray(tag)
+                self._new_header(state)
                 return len(tag)
         self._fresh = False
-        self._raw.append(self.take_blanks())
-        return self._content(0, buf)
+        return self._back_to_text()
+
+    def _back_to_text(self) -> int:
+        self._state = "text"
+        self.text(self.take_blanks())
+        return 0
 
     def _s_header(self, buf: str) -> int | None:
-        end = buf.find(self.fmt.header_end)
-        if end < 0:
-            return None if len(buf) < 300 else self._content(len(buf), buf)
-        header = buf[:end]
-        if self.fmt is DEEPSEEK and header.strip() == "function":     # V3: name follows
-            self._raw.append(buf[:end + len(self.fmt.header_end)])
-            self._state = "deepseek_name"
-            return end + len(self.fmt.header_end)
-        return self._named(self.fmt.name_of(header), buf, end + len(self.fmt.header_end))
+        """The name up to the header's end (or, left out, the arguments' ``{``); a header
+        that is no name was prose after a marker: the marker goes, the prose stays."""
+        fmt = self.fmt
+        if not self._header:
+            if fmt.call_open and fmt.call_open.startswith(buf) and buf != fmt.call_open:
+                return None
+            if fmt.call_open and buf.startswith(fmt.call_open):    # written twice
+                self.stray(fmt.call_open)
+                return len(fmt.call_open)
+        n = NAME.match(buf).end()                  # type: ignore[union-attr]
+        if n:
+            if self._after_name or len(self._header) > 300:    # name, blanks, name: prose
+                return self._mention("", 0)
+            self._header.append(buf[:n])
+            self._named_some = True
+            if n == len(buf):
+                return n
+        rest = buf[n:]
+        lead = rest.lstrip(_WS)
+        blanks = len(rest) - len(lead)
+        if blanks and self._named_some:
+            self._after_name = True
+        if not lead:
+            self._header.append(rest)
+            return len(buf)
+        if lead.startswith(fmt.header_end):
+            header = "".join(self._header).strip(_WS)
+            used = n + blanks + len(fmt.header_end)
+            if fmt is DEEPSEEK and header == "function":      # V3: the name follows
+                self._new_header("deepseek_name")
+                return used
+            return self._named(fmt.name_of(header), used)
+        if lead[0] == "{":                              # the header's end left out
+            self.stray(f"{fmt.header_end} left out", "tool call")
+            return self._named(fmt.name_of("".join(self._header)), n + blanks)
+        if fmt.header_end.startswith(lead):
+            if blanks:
+                self._header.append(rest[:blanks])
+            return (n + blanks) or None
+        if blanks and not self._named_some and NAME.match(lead).end():  # type: ignore[union-attr]
+            self._header.append(rest[:blanks])          # blanks before the name
+            return n + blanks
+        return self._mention(rest[:blanks], n + blanks)
+
+    def _mention(self, extra: str, used: int) -> int:
+        """A marker followed by prose: the marker goes, the prose is content."""
+        self.stray(self.fmt.call_open or self.fmt.section_open)
+        self.text("".join(self._header) + extra)
+        self._new_header("text")
+        return used
+
+    def _new_header(self, state: str = "header", lead: str = "") -> None:
+        self._header, self._state = ([lead] if lead else []), state
+        self._named_some = self._after_name = False
 
     def _s_deepseek_name(self, buf: str) -> int | None:
         newline = buf.find("\n")
         if newline < 0:
-            return None if len(buf) < 300 else self._content(len(buf), buf)
+            return None if len(buf) < 300 else self._mention("", 0)
         used = newline + 1
         rest = buf[used:].lstrip(_WS)
         if not rest or ("```json".startswith(rest) and rest != "```json"):
             return None
         if rest.startswith("```json"):
             used = len(buf) - len(rest) + len("```json")
-        return self._named(buf[:newline].strip(), buf, used)
+        return self._named(buf[:newline].strip(), used)
 
-    def _named(self, name: str, buf: str, used: int) -> int:
+    def _named(self, name: str, used: int) -> int:
+        self._new_header("header")
         if not self.tools.allows(name):
-            return self._content(used, buf)
+            self.drop_call(name)
+            self._skip, self._state = JsonValue(), "skip"
+            return used
         self.begin_call(name)
-        self._raw, self._args, self._state = [], JsonValue(), "arguments"
+        self._args, self._state = JsonValue(), "arguments"
         return used
+
+    def _s_skip(self, buf: str) -> int | None:
+        end = self.skipping(buf)
+        if end < 0:
+            return len(buf)
+        self._state = "call_end"
+        return end
 
     def _s_arguments(self, buf: str) -> int | None:
         args = self._args
         assert args is not None                 # set with the call's name
-        end = args.feed(buf)
-        self.call_args(args.last)
-        if end < 0:
-            return len(buf)
-        self.end_call()
-        self._state = "call_end"
-        return end
+        if not args.kind:                       # the header's end written twice?
+            lead = buf.lstrip(_WS)
+            end_tag = self.fmt.header_end
+            if end_tag.startswith(lead) and lead != end_tag:
+                return None
+            if lead.startswith(end_tag):
+                self.stray(end_tag, "tool call")
+                return len(buf) - len(lead) + len(end_tag)
+        # the markers are special tokens, never inside arguments: one ends them
+        pos, marker = self._text_marks.find(buf)
+        limit = pos if marker is not None else len(buf) - self._text_marks.held(buf)
+        end = -1
+        if limit:
+            end = args.feed(buf[:limit])
+            self.call_args(args.last)
+            args._parts.clear()
+        if end >= 0 or marker is not None:
+            if end < 0:
+                self.stray(f"{marker} inside the arguments", "tool call")
+            self.end_call()
+            self._state = "call_end"
+            return end if end >= 0 else limit
+        return limit or None
 
     def _s_call_end(self, buf: str) -> int | None:
-        """Skip a closing fence and the call's end marker; then back between calls."""
+        """Skip a closing fence, a stray quote or brace, and the call's end marker (once
+        or twice); then back between calls."""
         stripped = buf.lstrip(_WS)
         if len(stripped) < len(buf):        # blanks here are layout
             return len(buf) - len(stripped)
-        for tag in ("```", self.fmt.call_close):
+        fmt = self.fmt
+        for tag in ("```", fmt.call_close, fmt.header_end):
             if tag and buf.startswith(tag):
+                if tag == fmt.header_end:
+                    self.stray(tag)
                 return len(tag)
             if tag and tag.startswith(buf):
                 return None
+        stray = self.skip_stray(buf)
+        if stray:
+            return stray
         self._state = "section"
         return 0
 
@@ -179,28 +273,49 @@ class SectionParser(ToolParser):
             self._state = "text"
             return skipped
         self.start_call_object()
-        self._state = "list_item"
+        self._state, self._object = "list_item", []
         return skipped
 
     def _s_list_item(self, buf: str) -> int | None:
         outcome, used = self.call_object(buf)
         if outcome == "more":
-            if not self.calls:
-                self._raw.append(buf)
+            if self._json.name is None:
+                self._object.append(buf)
+            else:
+                self._object.clear()
         elif outcome == "done":
             self._state = "list"
-        elif outcome == "no call" and not self.calls:
-            return self._content(used, buf)
+        elif outcome == "no call":                  # an object naming no declared tool
+            self.drop_call(self._json.seen_name, self._json.why)
+            raw, self._object = "".join(self._object) + buf[:used], []
+            end = self.skip_json(raw)
+            if end < 0:
+                self._state = "list_skip"
+                return used
+            self.push_back(raw[end:])
+            self._state = "list"
         else:
             self._state = "text"
         return used
 
+    def _s_list_skip(self, buf: str) -> int | None:
+        end = self.skipping(buf)
+        if end < 0:
+            return len(buf)
+        self._state = "list"
+        return end
+
     def _finish(self, rest: str) -> None:
         if self._state == "text":
             self.text(rest)
-        elif self._call is None and self._state in ("section", "header", "deepseek_name",
-                                                    "list", "list_item") and not self.calls:
-            self.text("".join(self._raw) + self.take_blanks() + rest)
+        elif self._state == "header":               # a name and nothing after it
+            header = ("".join(self._header) + rest).strip(_WS)
+            name = self.fmt.name_of(header) if header and NAME.fullmatch(header) else ""
+            if name and self.tools.allows(name):
+                self.begin_call(name)
+            elif header:
+                self.drop_call(header, "unfinished at the end of the output")
+        self._header, self._object = [], []
 
 
 def mistral(tools: ToolSet) -> SectionParser:

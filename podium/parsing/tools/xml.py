@@ -29,12 +29,14 @@ String values stream as they arrive; other values are emitted when complete.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from podium.parsing.scan import Markers
-from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.parsing.tools.base import STRAY, ToolParser, ToolSet
 
 _WS = " \t\r\n"
+NAME = re.compile(r"[\w.:\-]+")     # a function name (GLM-4.5 writes it bare)
 
 
 def is_string_type(kind: Any) -> bool:
@@ -55,6 +57,11 @@ def typed(value: str, kind: Any) -> Any:
         return value
 
 
+def _tag_name(text: str) -> str:
+    """A function or parameter name as written in a tag (quotes around it tolerated)."""
+    return text.strip().strip("\"'").strip()
+
+
 def _escaped(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
@@ -63,61 +70,99 @@ class Qwen3CoderParser(ToolParser):
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FUNCTION, FUNCTION_END = "<function=", "</function>"
     PARAM, PARAM_END = "<parameter=", "</parameter>"
+    MARKUP = (OPEN, CLOSE, FUNCTION, FUNCTION_END, PARAM, PARAM_END)
+    # what may end a value, and what must follow each (after blanks) for it to end it
+    # (the end of the output always does): a value may hold any of them otherwise
+    LINE_PARAM = "\n" + PARAM
+    FOLLOW = {PARAM_END: (PARAM, FUNCTION_END, CLOSE, PARAM_END),
+              FUNCTION_END: (CLOSE, OPEN, FUNCTION_END, PARAM_END), CLOSE: (OPEN, CLOSE),
+              LINE_PARAM: ()}
 
     def __init__(self, tools: ToolSet):
         super().__init__(tools)
-        self._open = Markers(self.OPEN)
+        self._text_marks = Markers(*self.MARKUP)
+        self._skip_marks = Markers(self.OPEN, self.CLOSE, self.FUNCTION_END)
         self._state = "text"
-        self._raw = ""
         self._param = ""
         self._value = ""          # the current parameter's undecided tail (see _s_value)
         self._kept: list[str] = []    # a non-string value's decided text, in pieces
-        self._search = 0          # where to look for the next </parameter> in _value
-        self._after_tag = False   # _value ends in a possible </parameter> and blanks
+        self._search = 0          # where to look for the next end tag in _value
+        self._after_tag = False   # _value ends in a possible end tag and blanks
         self._blanks: list[str] = []  # more blanks after it, not yet added to _value
         self._n_params = 0
         self._is_string = True
         self._lead = False
-        self._end_tag = Markers(self.PARAM_END)
+        self._end_tag = Markers(*self.FOLLOW)
 
     def _step(self, buf: str) -> int | None:
         return getattr(self, "_s_" + self._state)(buf)
 
     def _s_text(self, buf: str) -> int | None:
-        used, marker = self.scan_text(buf, self._open)
-        if marker is not None:
-            self._state, self._raw = "head", marker
+        used, marker = self.scan_text(buf, self._text_marks, (self.OPEN, self.FUNCTION))
+        if marker == self.OPEN:
+            self._state = "head"
+        elif marker == self.FUNCTION:        # <tool_call> left out: the function names it
+            self.stray("<function= without <tool_call>", "tool call")
+            self._state = "head"
+            self.push_back(marker)
         return used
 
-    def _not_a_call(self, buf: str, used: int) -> int:
-        self.text(self._raw + buf[:used])
+    def _mention(self, buf: str, used: int) -> int:
+        """``<tool_call>`` opened no function (prose about it): the tag goes, text stays."""
+        self.stray(self.OPEN)
+        self.text(buf[:used])
         self._state = "text"
         return used
 
     def _s_head(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)
         skipped = len(buf) - len(stripped)
-        if not stripped or (self.FUNCTION.startswith(stripped) and stripped != self.FUNCTION):
+        if not stripped:
+            return None
+        for tag in (self.OPEN, self.CLOSE):          # doubled, or an empty block
+            if tag.startswith(stripped) and stripped != tag:
+                return None
+            if stripped.startswith(tag):
+                self.stray(self.OPEN)
+                self._state = "head" if tag == self.OPEN else "text"
+                return skipped + len(tag)
+        if self.FUNCTION.startswith(stripped) and stripped != self.FUNCTION:
             return None
         if not stripped.startswith(self.FUNCTION):
-            return self._not_a_call(buf, skipped)
+            return self._mention(buf, skipped)
         close = stripped.find(">")
         if close < 0:
-            return None if len(stripped) < 200 else self._not_a_call(buf, len(buf))
-        name = stripped[len(self.FUNCTION):close].strip()
+            return None if len(stripped) < 200 else self._mention(buf, skipped)
+        name = _tag_name(stripped[len(self.FUNCTION):close].split(self.FUNCTION)[-1])
         used = skipped + close + 1
         if not self.tools.allows(name):
-            return self._not_a_call(buf, used)
+            self.drop_call(name)
+            self._state = "skip"
+            return used
         self.begin_call(name)
         self._n_params, self._state = 0, "params"
         return used
+
+    def _s_skip(self, buf: str) -> int | None:
+        """A call to an undeclared function, up to its ``</function>`` or ``</tool_call>``:
+        dropped."""
+        pos, marker = self._skip_marks.find(buf)
+        if marker is None:
+            safe = len(buf) - self._skip_marks.held(buf)
+            return safe or None
+        self._state = {self.OPEN: "head", self.CLOSE: "text", self.FUNCTION_END: "tail"}[marker]
+        return pos + len(marker)
 
     def _s_params(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)
         skipped = len(buf) - len(stripped)
         if not stripped:
             return len(buf)
-        for tag in (self.PARAM, self.FUNCTION_END, self.CLOSE):
+        stray = self.skip_stray(stripped)
+        if stray:
+            return skipped + stray
+        for tag in (self.PARAM, self.FUNCTION_END, self.CLOSE, self.PARAM_END, self.FUNCTION,
+                    self.OPEN):
             if stripped.startswith(tag):
                 break
             if tag.startswith(stripped):
@@ -126,16 +171,30 @@ class Qwen3CoderParser(ToolParser):
             self._close_call()              # not the format: close what we have
             self._state = "text"
             return skipped
-        if tag == self.PARAM:
+        if tag in (self.PARAM, self.FUNCTION):
             close = stripped.find(">")
             if close < 0:
-                return None
-            self._param = stripped[len(self.PARAM):close].strip()
+                return None if len(stripped) < 200 else self._not_params(skipped)
+            if tag == self.FUNCTION:        # written twice: the call is already open
+                self.stray(stripped[:close + 1], "tool call")
+                return skipped + close + 1
+            self._param = _tag_name(stripped[len(self.PARAM):close].split(self.PARAM)[-1])
             self._open_member()
             return skipped + close + 1
+        if tag == self.PARAM_END:           # written twice
+            self.stray(tag, "tool call")
+            return skipped + len(tag)
         self._close_call()
+        if tag == self.OPEN:                # the next call, this one left open
+            self._state = "text"
+            return skipped
         self._state = "tail" if tag == self.FUNCTION_END else "text"
         return skipped + len(tag)
+
+    def _not_params(self, skipped: int) -> int:
+        self._close_call()
+        self._state = "text"
+        return skipped
 
     def _open_member(self) -> None:
         prefix = "{" if self._n_params == 0 else ", "
@@ -163,6 +222,10 @@ class Qwen3CoderParser(ToolParser):
         if self._blanks:
             buf, self._blanks = "".join(self._blanks) + buf, []
         self._value += buf
+        if "<" not in self._value:          # no tag can end it yet (most deltas of a file)
+            self._after_tag = False
+            self._decide(len(self._value) - self._value.endswith("\n"))
+            return used
         end = self._find_end()
         if end is None:                     # undecided: pass on what cannot be the end
             self._decide(self._safe_end())
@@ -173,28 +236,37 @@ class Qwen3CoderParser(ToolParser):
         self._state, self._value = "params", ""
         return used
 
-    def _find_end(self) -> tuple[int, int] | None:
-        """(end of value, index after </parameter>) once an end tag is confirmed."""
+    def _find_end(self, at_end: bool = False) -> tuple[int, int] | None:
+        """(end of value, where the markup after it starts) once an end tag is confirmed:
+        the tag its follower (or, ``at_end``, the end of the output or a part of the
+        follower) comes after."""
         self._after_tag = False
         while True:
-            pos = self._value.find(self.PARAM_END, self._search)
-            if pos < 0:
+            pos, tag = self._end_tag.find(self._value, self._search)
+            if tag is None:
                 return None
-            after = self._value[pos + len(self.PARAM_END):].lstrip(_WS)
+            if tag == self.LINE_PARAM:      # an unclosed value, then the next parameter
+                return pos + 1, pos + 1     # (its newline is the value's last, dropped)
+            resume = pos + len(tag) if tag == self.PARAM_END else pos
+            after = self._value[pos + len(tag):].lstrip(_WS + STRAY)
+            follow = self.FOLLOW[tag]
+            if at_end and (not after or any(t.startswith(after) for t in follow)):
+                return pos, resume
             if not after:
                 self._after_tag = True
                 return None                 # wait: the next tag decides
-            if any(t.startswith(after) and t != after
-                   for t in (self.PARAM, self.FUNCTION_END, self.CLOSE)):
+            if any(t.startswith(after) and t != after for t in follow):
                 return None
-            if after.startswith((self.PARAM, self.FUNCTION_END, self.CLOSE)):
-                return pos, pos + len(self.PARAM_END)
+            if after.startswith(follow):
+                return pos, resume
             self._search = pos + 1          # part of the value
 
     def _safe_end(self) -> int:
-        end = self._value.find(self.PARAM_END, self._search)
-        if end < 0:
+        end, tag = self._end_tag.find(self._value, self._search)
+        if tag is None:
             end = len(self._value) - self._end_tag.held(self._value)
+        elif tag == self.LINE_PARAM:
+            end += 1
         if end and self._value[end - 1] == "\n":
             end -= 1                        # a trailing newline may be the last one, dropped
         return end
@@ -241,10 +313,18 @@ class Qwen3CoderParser(ToolParser):
     def _finish(self, rest: str) -> None:
         if self._state == "text":
             self.text(rest)
-        elif self._state == "head":
-            self.text(self._raw + rest)
         elif self._state == "value" and self._call is not None:
-            self._finish_value(self._value + "".join(self._blanks) + rest)
+            self._value += "".join(self._blanks) + rest
+            self._blanks = []
+            end = self._find_end(at_end=True)
+            if end is None:                  # cut short: what was written, not a tag's start
+                value = self._value
+                tail = value[len(value) - self._end_tag.held(value):]
+                if tail.startswith("<"):
+                    value = value[:len(value) - len(tail)]
+                self._finish_value(value)
+            else:
+                self._finish_value(self._value[:end[0]])
             self._close_call()
         else:
             self._close_call()
@@ -253,46 +333,85 @@ class Qwen3CoderParser(ToolParser):
 class Glm45Parser(ToolParser):
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+    MARKUP = (OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END)
 
     def __init__(self, tools: ToolSet):
         super().__init__(tools)
-        self._open = Markers(self.OPEN)
+        self._text_marks = Markers(*self.MARKUP)
+        self._skip_marks = Markers(self.OPEN, self.CLOSE)
+        self._name_ends = Markers("\n", self.KEY, self.CLOSE, self.OPEN)
         self._state = "text"
-        self._raw = ""
         self._key = ""
         self._n_args = 0
         self._tag = ""                  # the open <arg_key> or <arg_value>
         self._item_text: list[str] = []     # its text so far, in pieces
-        self._ends = {self.KEY: Markers(self.KEY_END), self.VALUE: Markers(self.VALUE_END)}
+        # an item ends at its own end tag, or (left unclosed) at the next tag; a value may
+        # hold <tool_call> (agents write code that does): only the tags inside calls end it
+        self._ends = {self.KEY: Markers(*self.MARKUP),
+                      self.VALUE: Markers(self.KEY, self.KEY_END, self.VALUE, self.VALUE_END,
+                                          self.CLOSE)}
 
     def _step(self, buf: str) -> int | None:
         return getattr(self, "_s_" + self._state)(buf)
 
     def _s_text(self, buf: str) -> int | None:
-        used, marker = self.scan_text(buf, self._open)
+        used, marker = self.scan_text(buf, self._text_marks, (self.OPEN,))
         if marker is not None:
-            self._state, self._raw = "name", marker
+            self._state = "name"
         return used
 
     def _s_name(self, buf: str) -> int | None:
-        ends = [i for i in (buf.find("\n"), buf.find(self.KEY), buf.find(self.CLOSE)) if i >= 0]
-        if not ends:
-            return None if len(buf) < 200 else self._not_a_call(buf, len(buf))
-        end = min(ends)
-        name = buf[:end].strip()
-        if not name and buf[end] == "\n":
-            self._raw += buf[:end + 1]
-            return end + 1
+        """The function's name, on the line after ``<tool_call>`` (up to a newline,
+        ``<arg_key>`` or ``</tool_call>``); blanks before it are held until it is known."""
+        blanks = self.hold_blanks(buf)
+        if blanks:
+            return blanks
+        if buf.startswith(self.OPEN):               # written twice
+            self.stray(self.OPEN)
+            return len(self.OPEN)
+        if self.OPEN.startswith(buf):
+            return None
+        pos, marker = self._name_ends.find(buf)
+        if marker is None:
+            partial = _tag_name(buf[:len(buf) - self._name_ends.held(buf)])
+            if len(buf) >= 200 or (partial and not NAME.fullmatch(partial)):
+                return self._mention(buf)
+            return None
+        return self._name_line(buf, pos)
+
+    def _name_line(self, buf: str, end: int) -> int:
+        name = _tag_name(buf[:end])
+        if not name:                                # <tool_call><arg_key> or </tool_call>
+            self.take_blanks()
+            self.drop_call(None, "no function name")
+            self._state = "skip"
+            return end
+        if not NAME.fullmatch(name):
+            return self._mention(buf)
+        self.take_blanks()
         if not self.tools.allows(name):
-            return self._not_a_call(buf, end)
+            self.drop_call(name)
+            self._state = "skip"
+            return end
         self.begin_call(name)
         self._n_args, self._state = 0, "args"
         return end
 
-    def _not_a_call(self, buf: str, used: int) -> int:
-        self.text(self._raw + buf[:used])
+    def _mention(self, buf: str) -> int:
+        """``<tool_call>`` named no tool (prose about it): the tag goes, the text stays."""
+        self.stray(self.OPEN)
+        self.text(self.take_blanks())
         self._state = "text"
-        return used
+        return 0
+
+    def _s_skip(self, buf: str) -> int | None:
+        """A call to an undeclared tool, up to its ``</tool_call>``: dropped."""
+        pos, marker = self._skip_marks.find(buf)
+        if marker is None:
+            safe = len(buf) - self._skip_marks.held(buf)
+            return safe or None
+        self._state = "name" if marker == self.OPEN else "text"
+        return pos + len(marker)
 
     def _s_args(self, buf: str) -> int | None:
         stripped = buf.lstrip(_WS)
@@ -304,18 +423,24 @@ class Glm45Parser(ToolParser):
                 self._tag, self._item_text = tag, []
                 self._state = "item"
                 return skipped + len(tag)
+        for tag in (self.KEY_END, self.VALUE_END):     # written twice, or unopened
+            if stripped.startswith(tag):
+                self.stray(tag, "tool call")
+                return skipped + len(tag)
         if stripped.startswith(self.CLOSE):
             self._close_call()
             self._state = "text"
             return skipped + len(self.CLOSE)
-        if any(t.startswith(stripped) for t in (self.KEY, self.VALUE, self.CLOSE)):
+        if any(t.startswith(stripped) for t in (self.KEY, self.VALUE, self.CLOSE, self.KEY_END,
+                                                self.VALUE_END)):
             return None
         self._close_call()
         self._state = "text"
         return skipped
 
     def _s_item(self, buf: str) -> int | None:
-        """A key's or value's text up to its end tag, looked for in new text only."""
+        """A key's or value's text up to its end tag (or the next tag, if it was left
+        unclosed), looked for in new text only."""
         end_tag = self._ends[self._tag]
         pos, marker = end_tag.find(buf)
         if marker is None:
@@ -323,9 +448,18 @@ class Glm45Parser(ToolParser):
             if safe:
                 self._item_text.append(buf[:safe])
             return safe or None
-        self._item(self._tag, "".join(self._item_text) + buf[:pos])
+        text = "".join(self._item_text) + buf[:pos]
+        if marker == self._tag and not text.strip(_WS):      # its opener written twice
+            self.stray(marker, "tool call")
+            self._item_text = []
+            return pos + len(marker)
         self._item_text, self._state = [], "args"
-        return pos + len(marker)
+        own = marker in (self.KEY_END, self.VALUE_END)     # its end tag (or the other's)
+        if not own:
+            self.stray(f"{self._tag} left unclosed", "tool call")
+            text = text.rstrip(_WS)
+        self._item(self._tag, text)
+        return pos + len(marker) if own else pos
 
     def _item(self, tag: str, text: str) -> None:
         if tag == self.KEY:
@@ -346,6 +480,16 @@ class Glm45Parser(ToolParser):
         if self._state == "text":
             self.text(rest)
         elif self._state == "name":
-            self.text(self._raw + rest)
+            name = _tag_name(rest)
+            self.take_blanks()
+            if name and NAME.fullmatch(name) and self.tools.allows(name):
+                self.begin_call(name)
+                self._close_call()
+            elif name:
+                self.drop_call(name, "unfinished at the end of the output")
         else:
+            if self._state == "item" and self._tag == self.VALUE and self._call is not None:
+                text = "".join(self._item_text) + rest        # cut short: what was written
+                held = self._ends[self.VALUE].held(text)
+                self._item(self.VALUE, text[:len(text) - held] if held else text)
             self._close_call()
