@@ -22,6 +22,8 @@ commands:
   serve        serve the OpenAI API (default model when --model is not given)
   model-path   print the local path of the model --model names (assembling or
                downloading it first if needed)
+  parse        print what Podium makes of a model's raw output (content, reasoning,
+               tool calls, warnings); 'podium parse --help' for its options
 
 'podium serve --help' lists every setting."""
 
@@ -83,6 +85,10 @@ def serve(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "parse":
+        from podium.parsing.explain import main as parse
+
+        return parse(argv[1:])
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("serve", "model-path"):
         print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

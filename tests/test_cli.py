@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,93 @@ def test_model_path_prints_the_assembled_default_model(model_path):
 def test_unknown_command_shows_usage():
     r = podium("frobnicate")
     assert r.returncode == 2 and "podium serve" in r.stderr
+
+
+# -- podium parse --------------------------------------------------------------------------
+
+HERMES_OUT = ('<think>Weather first.</think>\nChecking.<tool_call>\n{"name": "get_weather", '
+              '"arguments": {"city": "Paris", "unit": "c"}"}\n</tool_call>\n</tool_call>')
+
+
+def parse_json(*args, text: str, **kw) -> dict:
+    r = podium("parse", *args, "--json", input=text, **kw)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_parse_prints_content_reasoning_calls_and_warnings():
+    out = parse_json("--tool-parser", "hermes", "--reasoning-parser", "think",
+                     text=HERMES_OUT)
+    assert out["content"] == "Checking." and out["reasoning"] == "Weather first."
+    assert out["tool_calls"] == [{"name": "get_weather",
+                                  "arguments": {"city": "Paris", "unit": "c"}}]
+    assert out["finish_reason"] == "tool_calls"
+    assert any("</tool_call>" in w for w in out["warnings"])
+    assert (out["tool_parser"], out["reasoning_parser"]) == ("hermes", "think")
+    r = podium("parse", "-", "--tool-parser", "hermes", input=HERMES_OUT)
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert "[0] get_weather" in r.stdout and "content:" in r.stdout
+    assert "warnings: " in r.stdout and "dropped stray" in r.stdout
+
+
+def test_parse_reads_a_file_and_streams_the_same_at_any_chunk(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                    "</function>\n</tool_call>")
+    results = [parse_json(str(path), "--tool-parser", "qwen3_coder", *chunk, text="")
+               for chunk in ([], ["--chunk", "1"], ["--chunk", "7"])]
+    assert results[0] == results[1] == results[2]
+    assert results[0]["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert results[0]["content"] == ""
+
+
+def test_parse_declared_tools_drop_other_calls(tmp_path):
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {
+        "name": "get_time", "parameters": {"type": "object"}}}]))
+    text = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>Done.'
+    out = parse_json("--tools", str(tools), text=text)
+    assert out["tool_calls"] == [] and out["content"] == "Done."
+    assert any("rm_rf" in w and "not a declared tool" in w for w in out["warnings"])
+    out = parse_json(text=text)                    # no tools given: any name is declared
+    assert out["tool_calls"] == [{"name": "rm_rf", "arguments": {}}]
+    out = parse_json("--tool", "get_time", text="<tool_call>get_time</tool_call>")
+    assert out["tool_calls"] == [{"name": "get_time", "arguments": {}}]
+
+
+def test_parse_follows_a_models_dialect(model_path):
+    out = parse_json("--model", str(model_path),
+                     text='<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert out["tool_parser"] == "hermes"            # the default model's template
+    assert out["tool_calls"] == [{"name": "get_time", "arguments": {}}]
+
+
+def test_parse_harmony():
+    text = ('<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant'
+            '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+            '{"city": "Paris"}"}<|call|>')
+    out = parse_json("--harmony", text=text)
+    assert out["reasoning"] == "Need the weather." and out["content"] == ""
+    assert out["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert out["finish_reason"] == "tool_calls"
+
+
+def test_parse_bad_arguments_are_clear_errors(tmp_path):
+    r = podium("parse", str(tmp_path / "missing.txt"))
+    assert r.returncode == 2 and "podium parse:" in r.stderr and "Traceback" not in r.stderr
+    r = podium("parse", "--tool-parser", "nope", input="x")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    bad = tmp_path / "tools.json"
+    bad.write_text("[1]")
+    r = podium("parse", "--tools", str(bad), input="x")
+    assert r.returncode == 2 and "a tool without a name" in r.stderr
+
+
+def test_parse_main_without_a_subprocess(capsys, monkeypatch):
+    import io
+
+    from podium.cli import main
+    monkeypatch.setattr("sys.stdin", io.StringIO("[TOOL_CALLS]get_time[ARGS]{}"))
+    assert main(["parse", "--tool-parser", "mistral", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tool_calls"] == [{"name": "get_time", "arguments": {}}]
