@@ -58,6 +58,13 @@ class Harmony:
                                        allowed_special="all")
         self.return_token, self.call_token, self.start_token = special[0], special[1], special[3]
         self.stop_token_ids = frozenset(special[:3])
+        # what the pipeline needs to repair malformed turns (docs/parsing.md)
+        self.end_token, self.channel_token, self.message_token, self.constrain_token = (
+            self.encoding.encode("<|end|><|channel|><|message|><|constrain|>",
+                                 allowed_special="all"))
+        self.assistant_tokens = self.encoding.encode("assistant")
+        self.expect_start_state = oh.StreamState.EXPECT_START
+        self.header_state = oh.StreamState.HEADER
 
     def stream_parser(self, resume: bool = False):
         """openai-harmony's token-level parser for the assistant's turn (the prompt ended in

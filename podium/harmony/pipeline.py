@@ -10,11 +10,19 @@ Harmony's structure lives in special tokens, not in text:
 
 The choice ends at ``<|return|>`` (stop), ``<|call|>`` (tool_calls), a stop string in the
 text, or the token limit (length; an open call is closed as valid JSON).
+
+Malformed turns (docs/parsing.md, "Malformed model output"): a message left open before the
+next ``<|start|>`` or ``<|channel|>`` is closed there; a left-out ``<|start|>assistant`` is
+put back; a ``<|start|>`` inside a header starts it again; a stray ``<|message|>`` or
+``<|constrain|>`` in a message, and any other special token there, is dropped (never text);
+a recipient that names a declared function without ``functions.`` is that function; other
+recipients are dropped; anything else malformed skips to the next ``<|start|>``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 from podium.engine.base import EngineOutput, TokenLogprob
 from podium.harmony.format import Harmony
@@ -25,6 +33,7 @@ from podium.text.stop import StopMatcher
 log = logging.getLogger(__name__)
 
 _REASONING, _TEXT, _CALL, _DROP = range(4)
+_SPECIAL = re.compile(r"<\|[a-z_0-9]+\|>")      # one special token's text
 
 
 class _Calls(ToolParser):
@@ -82,6 +91,9 @@ class HarmonyPipeline:
             self._messages = 0
             self._resync = False
         try:
+            if not self._repair(token, events):
+                return
+            parser = self._parser
             parser.process(token)
         except self._harmony.error as exc:
             log.warning("malformed Harmony output (%s); skipping to the next message", exc)
@@ -91,6 +103,9 @@ class HarmonyPipeline:
         if self._kind is None and parser.state == self._harmony.content_state:
             self._open(parser.current_channel, parser.current_recipient, events)
         delta = parser.last_content_delta
+        if delta and _SPECIAL.fullmatch(delta):         # never text
+            log.warning("dropped stray %r from a Harmony message", delta)
+            delta = None
         if self._kind == _REASONING:
             self.reasoning_tokens += 1
         if delta:
@@ -101,12 +116,45 @@ class HarmonyPipeline:
             self._messages = len(parser.messages)
             self._close(events, parser.messages[-1])
 
+    def _repair(self, token: int, events: list[Event]) -> bool:
+        """Put a malformed turn's structure right before ``token``; False: drop ``token``."""
+        hm, parser = self._harmony, self._parser
+        state = parser.state
+        if state == hm.content_state:
+            if token in (hm.start_token, hm.channel_token):     # the message left open
+                log.warning("a Harmony message was left open; closed at the next one")
+                self._synthetic([hm.end_token], events)
+                if token == hm.channel_token:
+                    self._synthetic([hm.start_token, *hm.assistant_tokens], events)
+            elif token in (hm.message_token, hm.constrain_token):
+                log.warning("dropped a stray Harmony header token from a message")
+                return False
+        elif state == hm.expect_start_state and token == hm.channel_token:
+            log.warning("a Harmony message without <|start|>assistant; read as one")
+            self._synthetic([hm.start_token, *hm.assistant_tokens], events)
+        elif state == hm.header_state and token == hm.start_token:
+            log.warning("a Harmony header started again; the first one dropped")
+            self._parser = hm.stream_parser(resume=True)
+            self._messages = 0
+        return True
+
+    def _synthetic(self, tokens: list[int], events: list[Event]) -> None:
+        """Tokens the model left out, given to openai-harmony's parser (not counted)."""
+        parser = self._parser
+        for token in tokens:
+            parser.process(token)
+            if len(parser.messages) > self._messages:
+                self._messages = len(parser.messages)
+                self._close(events, parser.messages[-1])
+
     def _open(self, channel: str | None, recipient: str | None, events: list[Event]) -> None:
         self._streamed = False
         if recipient and recipient != "assistant":
             name = recipient.removeprefix("functions.")
-            if self._may_call and recipient.startswith("functions.") and \
-                    self._calls.tools.allows(name):
+            namespaced = recipient.startswith("functions.") or "." not in recipient
+            if self._may_call and namespaced and self._calls.tools.allows(name):
+                if not recipient.startswith("functions."):
+                    log.warning("a call to %r without functions.: read as a call", name)
                 self._kind = _CALL
                 self._calls.begin_call(name)
                 events += self._calls.take()
