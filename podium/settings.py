@@ -203,8 +203,8 @@ def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = 
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
         else:
-            kind = int if f.type in ("int", int) else str
-            parser.add_argument(flag, type=kind, default=None, help=help_text)
+            parser.add_argument(flag, type=_KINDS.get(f.type, str), default=None,
+                                help=help_text)
     return parser
 
 
@@ -232,11 +232,12 @@ def _from_file(cls: type, path: str) -> dict[str, Any]:
     return values
 
 
+_KINDS: dict[Any, Any] = {"int": int, int: int, "float": float, float: float}
+
+
 def _from_env(f: dataclasses.Field, raw: str) -> Any:
     if f.metadata.get("multiple"):
         return [part.strip() for part in raw.split(",") if part.strip()]
     if f.type in ("bool", bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
-    if f.type in ("int", int):
-        return int(raw)
-    return raw
+    return _KINDS.get(f.type, str)(raw)

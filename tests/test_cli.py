@@ -25,6 +25,17 @@ def test_flags_win_over_environment_over_defaults():
     assert Settings.from_sources(["--api-key", "x", "--api-key", "y"], {}).api_key == ["x", "y"]
 
 
+def test_fractional_seconds_parse_and_a_lease_must_be_positive():
+    assert Settings.from_sources(["--response-lease-seconds", "2.5"], {}
+                                 ).response_lease_seconds == 2.5
+    assert Settings.from_sources([], {"PODIUM_RESPONSE_LEASE_SECONDS": "0.5"}
+                                 ).response_lease_seconds == 0.5
+    with pytest.raises(ValueError, match="more than 0"):
+        Settings.from_sources(["--response-lease-seconds", "0"], {})
+    refused = podium("serve", "--response-lease-seconds", "-1")
+    assert refused.returncode == 2 and "--response-lease-seconds" in refused.stderr
+
+
 def test_served_name():
     assert served_name(Settings(), Path("/c/x.gguf")) == "qwen2.5-coder-0.5b-instruct"
     assert served_name(Settings(model="/m/llama-3.2-1b.Q4.gguf"),
