@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -53,19 +54,27 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
 
 
 def serve(settings: Settings) -> None:
+    from podium.parsing.registry import check_names
+
+    check_names(settings.tool_parser, settings.reasoning_parser)
+    # One loop for the server and, with vLLM, the engine's front-end (no thread hop per
+    # token); made as uvicorn would make it, and run as uvicorn's Server.run runs it.
+    config_loop = uvicorn_config(settings, None).get_loop_factory()
+    with asyncio.Runner(loop_factory=config_loop) as runner:
+        _serve(settings, runner)
+
+
+def _serve(settings: Settings, runner: asyncio.Runner) -> None:
     from podium.engine.llamacpp.engine import LlamaCppEngine
     from podium.engine.llamacpp.model_files import resolve_model
     from podium.server.app import create_app
     from podium.server.lifecycle import Server
 
-    from podium.parsing.registry import check_names
-
-    check_names(settings.tool_parser, settings.reasoning_parser)
     engine: Engine
     if settings.engine != "llamacpp":       # every option checked before vLLM starts
         from podium.engine.vllm.options import vllm_engine
 
-        path, engine = vllm_engine(settings)
+        path, engine = vllm_engine(settings, loop=runner.get_loop())
     else:
         path = resolve_model(settings.model, settings.model_file)
         name = served_name(settings, path)
@@ -80,7 +89,8 @@ def serve(settings: Settings) -> None:
              engine.info.context_length)
     log.info("settings: %s", json.dumps(settings.redacted()))
     app = create_app(settings, engine)
-    Server(uvicorn_config(settings, app), app.state.drain, settings.shutdown_grace).run()
+    runner.run(Server(uvicorn_config(settings, app), app.state.drain,
+                      settings.shutdown_grace).serve())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,14 @@
 """The vLLM engine: vLLM's ``AsyncLLM`` in this process, token ids in and out.
 
 vLLM runs its engine core (scheduler, KV cache, model workers) in child processes; this
-process keeps its ``AsyncLLM`` front-end, which lives on one event loop. Podium's callers may
-use any loop (the server's, or one per test), so the ``AsyncLLM`` gets its own loop on a
-daemon thread, and requests cross over: ``generate`` counts the request at once (waiting) and
-hands it to that loop; outputs come back to the caller's loop through an ``asyncio.Queue``.
-Closing, cancelling or dropping the outputs cancels the request's task on the vLLM loop,
+process keeps its ``AsyncLLM`` front-end, which lives on one event loop. ``podium serve``
+hands the engine the server's own loop (``loop=``): the ``AsyncLLM`` starts on it, and a
+request's outputs go from vLLM's output handler to the response in the same thread, as in
+``vllm serve``. Without one (tests, scripts: callers on any loop, one per test), the
+``AsyncLLM`` gets its own loop on a daemon thread, and requests cross over: ``generate``
+counts the request at once (waiting) and hands it to that loop; outputs come back to the
+caller's loop through an ``asyncio.Queue`` (one thread hand-over per output). Either way,
+closing, cancelling or dropping the outputs cancels the request's task on the vLLM loop,
 which aborts it in the engine core.
 
 Podium keeps its own detokenizer, stop strings and parsers: requests go with
@@ -54,9 +57,12 @@ class _Job:
     ended: bool = False                         # its last output (or error) was sent
     task: asyncio.Task | None = None            # on the vLLM loop
     seen: list[int] = field(default_factory=list)   # the tokens it produced (prefix cache)
+    here: bool = False                          # the caller's loop is the vLLM loop
 
     def emit(self, item: EngineOutput | BaseException) -> None:
-        if not self.loop.is_closed():
+        if self.here:
+            self.outputs.put_nowait(item)
+        elif not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
 
 
@@ -152,7 +158,11 @@ class VllmEngine:
                  tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                  data_parallel_size: int = 1, distributed_executor_backend: str | None = None,
                  gpu_memory_utilization: float | None = None,
-                 engine_args: dict[str, Any] | None = None, startup_timeout: float = 900):
+                 engine_args: dict[str, Any] | None = None, startup_timeout: float = 900,
+                 loop: asyncio.AbstractEventLoop | None = None):
+        """``loop``: a loop that is not running yet (the server's) for vLLM to live on: it
+        runs while the engine starts, and only callers on it may generate. Without one,
+        vLLM gets a loop on a thread of its own, and callers may use any loop."""
         self.tokenizer = HfTokenizer.from_folder(model)
         self._max_num_seqs, self._max_queued = max_num_seqs, max_queued
         self._eos = self.tokenizer.eos_token_ids
@@ -174,17 +184,23 @@ class VllmEngine:
         if gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = gpu_memory_utilization
         args.update(engine_args or {})
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="podium-vllm",
-                                        daemon=True)
-        self._thread.start()
         started = time.monotonic()
-        try:
-            self._llm = asyncio.run_coroutine_threadsafe(
-                self._start(args), self._loop).result(startup_timeout)
-        except BaseException:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            raise
+        self._thread: threading.Thread | None = None
+        if loop is not None:
+            self._loop = loop
+            self._llm = loop.run_until_complete(asyncio.wait_for(self._start(args),
+                                                                 startup_timeout))
+        else:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever,
+                                            name="podium-vllm", daemon=True)
+            self._thread.start()
+            try:
+                self._llm = asyncio.run_coroutine_threadsafe(
+                    self._start(args), self._loop).result(startup_timeout)
+            except BaseException:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                raise
         log.info("vLLM engine started in %.1f s", time.monotonic() - started)
         config = self._llm.vllm_config
         cache = config.cache_config
@@ -238,11 +254,18 @@ class VllmEngine:
                               f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
 
     def generate(self, request: EngineRequest) -> _Generation:
-        job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        caller = asyncio.get_running_loop()
+        here = caller is self._loop
+        if self._thread is None and not here:
+            raise RuntimeError("this vLLM engine serves only the loop it was started on")
+        job = _Job(request, caller, asyncio.Queue(), here=here)
         with self._lock:
             self._jobs[request.request_id] = job
             self._split()
-        self._loop.call_soon_threadsafe(self._begin, job)
+        if here:
+            self._begin(job)
+        else:
+            self._loop.call_soon_threadsafe(self._begin, job)
         return _Generation(job, self)
 
     async def abort(self, request_id: str) -> None:
@@ -265,6 +288,9 @@ class VllmEngine:
             if ctx is not None and not ctx.closed:
                 await asyncio.wait_for(asyncio.to_thread(ctx.destroy, 0), 10)
 
+        if self._thread is None:        # on the caller's loop, which its owner closes
+            await shut()
+            return
         try:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shut(), self._loop))
         finally:

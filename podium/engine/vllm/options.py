@@ -4,6 +4,7 @@ child process's traceback)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 from pathlib import Path
@@ -115,9 +116,10 @@ def model_folder(settings: Settings) -> tuple[str, str]:
     return folder, settings.served_model_name or name
 
 
-def vllm_engine(settings: Settings) -> tuple[Path, VllmEngine]:
-    """Check every option, then start the engine: (what it loaded, as a path for the log:
-    a hub id is not one on disk; the engine)."""
+def vllm_engine(settings: Settings, loop: asyncio.AbstractEventLoop | None = None
+                ) -> tuple[Path, VllmEngine]:
+    """Check every option, then start the engine (on ``loop``, the server's, when given):
+    (what it loaded, as a path for the log: a hub id is not one on disk; the engine)."""
     options = check(settings)
     if importlib.util.find_spec("vllm") is None:
         raise ValueError("--engine vllm: vLLM is not installed (GPU: pip install vllm; "
@@ -126,4 +128,4 @@ def vllm_engine(settings: Settings) -> tuple[Path, VllmEngine]:
     settings.check_aliases(name)        # before the weights load
     from podium.engine.vllm.engine import VllmEngine
 
-    return Path(folder), VllmEngine(folder, served_name=name, **options)
+    return Path(folder), VllmEngine(folder, served_name=name, loop=loop, **options)
