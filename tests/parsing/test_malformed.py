@@ -158,6 +158,9 @@ CASES: dict[str, list[tuple[str, str, list]]] = {
         (f'```json\n[{H_CALL}, {{"name": "rm_rf", "arguments": {{}}}}, {T_CALL}]\n```', "",
          [("get_weather", W), ("get_time", {})]),
         (f"```json\n{H_CALL}\n```\n```\nDone.", "\nDone.", [("get_weather", W)]),
+        # an object that names a second tool: it broke there
+        ('```json\n[{"name": "get_time", "arguments": {}, "name": "write_file", '
+         '"arguments": {}}]\n```', "", [("get_time", {})]),
         # markup-free JSON that names no declared tool is an answer, not a call
         ('```json\n{"name": "Bob", "age": 3}\n```', '```json\n{"name": "Bob", "age": 3}\n```',
          []),
@@ -237,6 +240,8 @@ CASES: dict[str, list[tuple[str, str, list]]] = {
         ('[get_weather(city="Paris"', "", [("get_weather", W)]),
         ('[rm_rf(path="/")]', "", []),
         ("[1, 2, 3] is a list.", "[1, 2, 3] is a list.", []),
+        ('[get_weather(city="Paris"), rm_rf()]', "", [("get_weather", W)]),
+        ("<|python_tag|>[get_time()] Done.", " Done.", [("get_time", {})]),
     ],
     "mistral": [
         ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}"}', "", [("get_weather", W)]),

@@ -137,6 +137,9 @@ class JsonCall:
     def _value_done(self) -> None:
         text = self._value.text
         if self._key == "name":
+            if self.name is not None:       # a second name: the object broke
+                self.failed = True
+                return
             try:
                 name = json.loads(text)
             except ValueError:
