@@ -17,7 +17,7 @@ import itertools
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable
 
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob, Tokenizer)
@@ -65,6 +65,8 @@ class ScriptedEngine:
         # a load would pin allocator arenas and distort its memory figures)
         self.requests: deque[EngineRequest] = deque(maxlen=keep_requests)
         self.stats = EngineStats(*ENGINE_STATS)
+        # a benchmark's barrier: awaited by each request before its first step
+        self.start_gate: Callable[[], Awaitable[object]] | None = None
 
     @classmethod
     def from_gguf(cls, path: Path, replies: Callable[[EngineRequest], Reply] | Iterable[Reply],
@@ -112,6 +114,8 @@ class ScriptedEngine:
             if place.aborted:
                 yield EngineOutput([], finish_reason="abort")
                 return
+            if self.start_gate is not None:
+                await self.start_gate()
             place.state = "running"
             self.requests.append(request)
             self.stats["waiting"] -= 1
