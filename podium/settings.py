@@ -94,6 +94,16 @@ class Settings:
     strict_tools: bool = _opt(
         False, "Refuse (400) Responses tools Podium cannot run (web_search ...) instead of "
         "leaving them out with a warning.")
+    mcp_allow: list[str] = _opt(
+        (), "Let Responses requests use remote MCP servers whose URL starts with PREFIX (same "
+        "scheme, host and port; paths under the prefix's); repeat for several. Without it "
+        "every mcp tool is refused (400). PODIUM_MCP_ALLOW takes a comma-separated list.",
+        multiple=True, metavar="PREFIX")
+    mcp_timeout: float = _opt(
+        30.0, "Seconds an MCP server gets to connect and list its tools, and for each call.")
+    mcp_max_output: int = _opt(
+        32768, "Characters of an MCP tool's output kept for the model; the rest is cut, the "
+        "cut marked (0: no limit).")
     secret_key: str | None = _opt(
         None, "Key that signs reasoning handed to clients (encrypted_content); default: one "
         "made once in the data directory. Replicas must share it.")
@@ -140,6 +150,8 @@ class Settings:
         self.model_alias = (aliases,) if isinstance(aliases, str) else tuple(aliases)
         for entry in self.model_alias:  # a malformed entry fails here, before any loading
             _alias(entry)
+        if not self.mcp_timeout > 0:
+            raise ValueError(f"--mcp-timeout must be more than 0, not {self.mcp_timeout}")
         if not self.response_lease_seconds > 0:
             raise ValueError(f"--response-lease-seconds must be more than 0, not "
                              f"{self.response_lease_seconds}")

@@ -81,9 +81,50 @@ class ReasoningItem(BaseModel):
     encrypted_content: str | None = None
 
 
+class McpListToolsItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["mcp_list_tools"]
+    id: str | None = None
+    server_label: str
+    tools: list[dict[str, Any]]
+    error: str | None = None
+
+
+class McpCallItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["mcp_call"]
+    id: str | None = None
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: dict[str, Any] | str | None = None
+    status: str | None = None
+    approval_request_id: str | None = None
+
+
+class McpApprovalRequestItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["mcp_approval_request"]
+    id: str | None = None
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponseItem(BaseModel):
+    model_config = LENIENT
+    type: Literal["mcp_approval_response"]
+    id: str | None = None
+    approval_request_id: str
+    approve: bool
+    reason: str | None = None
+
+
 InputItem = Annotated[
     MessageItem | FunctionCallItem | FunctionCallOutputItem | CustomToolCallItem
-    | CustomToolCallOutputItem | ReasoningItem, Field(discriminator="type")]
+    | CustomToolCallOutputItem | ReasoningItem | McpListToolsItem | McpCallItem
+    | McpApprovalRequestItem | McpApprovalResponseItem, Field(discriminator="type")]
 
 
 class ResponsesRequest(BaseModel):

@@ -71,6 +71,8 @@ class ResponseBuilder:
         self._item: Obj | None = None   # the open output item
         self._parts: list[str] = []     # its text so far
         self._lps: list[Obj] = []       # its logprobs so far
+        self.calls: list[tuple[int, Obj]] = []  # MCP calls the model made, not yet run
+        self.ends_turn = False          # a call for the client to answer (set per round)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -93,9 +95,10 @@ class ResponseBuilder:
         if isinstance(event, ToolCallArgsDelta):
             self._parts.append(event.text)
             item = self._item
-            if item is None or item["type"] != "function_call":
+            if item is None or item["type"] not in ("function_call", "mcp_call"):
                 return []
-            return [{"type": "response.function_call_arguments.delta",
+            return [{"type": "response.function_call_arguments.delta"
+                     if item["type"] == "function_call" else "response.mcp_call_arguments.delta",
                      "item_id": item["id"], "output_index": self._index(),
                      "delta": event.text}]
         if isinstance(event, ToolCallEnd):
@@ -106,6 +109,11 @@ class ResponseBuilder:
                error: Obj | None = None) -> list[Obj]:
         """Close what is open and end the response: the one terminal event."""
         events = self._close()
+        for index, item in self.calls:      # MCP calls never run: the response was cut short
+            item["status"] = "incomplete"
+            events.append({"type": "response.output_item.done", "output_index": index,
+                           "item": item})
+        self.calls = []
         r = self.response
         if status is None:
             status = "incomplete" if finish is not None and finish.reason == "length" \
@@ -149,12 +157,21 @@ class ResponseBuilder:
 
     def _open_call(self, event: ToolCallBegin) -> list[Obj]:
         tool = self._client_tool(event.name)
-        if tool.kind == "custom":
+        if tool.kind == "mcp" and tool.approval:    # the client approves it first
+            self.ends_turn = True
+            item = {"id": self._new_id("mcpr"), "type": "mcp_approval_request",
+                    "server_label": tool.server, "name": tool.name, "arguments": ""}
+        elif tool.kind == "mcp":
+            item = {"id": self._new_id("mcp"), "type": "mcp_call", "server_label": tool.server,
+                    "name": tool.name, "arguments": "", "status": "in_progress"}
+        elif tool.kind == "custom":
             item = {"id": self._new_id("ctc"), "type": "custom_tool_call",
                     "call_id": event.id, "name": tool.name, "input": ""}
         else:
             item = {"id": self._new_id("fc"), "type": "function_call", "call_id": event.id,
                     "name": tool.name, "arguments": "", "status": "in_progress"}
+        if tool.kind != "mcp":
+            self.ends_turn = True
         if tool.namespace:
             item["namespace"] = tool.namespace
         self._item, self._parts = item, []
@@ -180,7 +197,62 @@ class ResponseBuilder:
         if item is None:
             return []
         index = len(self.response["output"]) - 1
+        if item["type"] == "mcp_call":      # closed once it has run (``mcp_result``)
+            item["arguments"] = "".join(self._parts)
+            self.calls.append((index, item))
+            return [{"type": "response.mcp_call_arguments.done", "item_id": item["id"],
+                     "output_index": index, "arguments": item["arguments"]}]
         return close_item(item, "".join(self._parts), self._lps, index, seal=self._seal)
+
+    # -- MCP: listings, and the calls Podium runs ---------------------------------------
+
+    def mcp_listing(self, item: Obj) -> list[Obj]:
+        """A server's tools (or the error that kept them): the item, whole."""
+        events = self._close()
+        self.response["output"].append(item)
+        base = {"item_id": item["id"], "output_index": self._index()}
+        outcome = "failed" if item.get("error") else "completed"
+        return events + [
+            {"type": "response.output_item.added", "output_index": self._index(),
+             "item": dict(item, tools=[], error=None)},
+            {"type": "response.mcp_list_tools.in_progress", **base},
+            {"type": f"response.mcp_list_tools.{outcome}", **base},
+            {"type": "response.output_item.done", "output_index": self._index(),
+             "item": item}]
+
+    def mcp_item(self, item: Obj) -> list[Obj]:
+        """An MCP call made before the model runs (an approved one): opened, arguments
+        whole; ``mcp_result`` closes it."""
+        events = self._close()
+        self.response["output"].append(item)
+        index = self._index()
+        self.calls.append((index, item))
+        base = {"item_id": item["id"], "output_index": index}
+        return events + [
+            {"type": "response.output_item.added", "output_index": index,
+             "item": dict(item, arguments="")},
+            {"type": "response.mcp_call_arguments.delta", **base, "delta": item["arguments"]},
+            {"type": "response.mcp_call_arguments.done", **base,
+             "arguments": item["arguments"]}]
+
+    def end_round(self) -> list[Obj]:
+        """Close the item still open when a round of the model ends (before its MCP calls,
+        in ``calls``, run: ``mcp_running`` and ``mcp_result`` follow each)."""
+        return self._close()
+
+    def mcp_running(self, index: int, item: Obj) -> list[Obj]:
+        return [{"type": "response.mcp_call.in_progress", "item_id": item["id"],
+                 "output_index": index}]
+
+    def mcp_result(self, index: int, item: Obj, output: str | None,
+                   error: Obj | None) -> list[Obj]:
+        self.calls = [(i, c) for i, c in self.calls if i != index]
+        item.update(output=output, error=error,
+                    status="failed" if error is not None else "completed")
+        return [{"type": "response.mcp_call.failed" if error is not None
+                 else "response.mcp_call.completed", "item_id": item["id"],
+                 "output_index": index},
+                {"type": "response.output_item.done", "output_index": index, "item": item}]
 
     def _snapshot(self) -> Obj:
         return dict(self.response, output=list(self.response["output"]))
@@ -221,6 +293,13 @@ def close_item(item: Obj, text: str, logprobs: list[Obj], index: int, *,
         item.update(status=status, arguments=text)
         events = [{"type": "response.function_call_arguments.done", **base,
                    "arguments": text, "name": item["name"]}]
+    elif kind == "mcp_call":
+        item.update(status=status, arguments=text)
+        events = [{"type": "response.mcp_call_arguments.done", **base, "arguments": text}]
+    elif kind == "mcp_approval_request":
+        item["arguments"] = text
+    elif kind == "mcp_list_tools":
+        item.setdefault("error", "The listing was cut short")
     else:   # custom tool call: the input is the one string argument
         item["input"] = _custom_input(text)
     return events + [{"type": "response.output_item.done", "output_index": index,
@@ -230,7 +309,7 @@ def close_item(item: Obj, text: str, logprobs: list[Obj], index: int, *,
 # -- the fold of a logged stream ----------------------------------------------------------
 
 _DELTAS = ("response.output_text.delta", "response.reasoning_text.delta",
-           "response.function_call_arguments.delta")
+           "response.function_call_arguments.delta", "response.mcp_call_arguments.delta")
 
 
 @dataclass

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Awaitable, Callable
 
+from podium.api.responses.mcp import Sessions, error_text
 from podium.api.responses.translate import ToolMap, new_item_id
 from podium.engine.base import Engine
 from podium.errors import PodiumError
@@ -25,6 +26,7 @@ from podium.store.base import TERMINAL
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+MAX_ROUNDS = 16         # model runs in one response; the last is offered no tools
 
 
 @dataclass
@@ -36,10 +38,16 @@ class Plan:
     parent_id: str | None               # previous_response_id
     input_items: list[Obj]              # this request's own items
     prompt_tokens: int
-    choice: Choice
+    choice: Choice | None               # None: MCP calls run first (``approved``)
     tools: ToolMap
     logprobs: int | None
     seal: bool
+    mcp: Sessions | None = None         # the response's MCP sessions
+    listings: list[Obj] = field(default_factory=list)   # new mcp_list_tools items
+    approved: list[Obj] = field(default_factory=list)   # approved mcp_call items to run
+    # the model again, on the conversation extended by ``output`` (True: offer no tools)
+    again: Callable[[list[Obj], bool], Awaitable[Choice]] | None = None
+    max_tool_calls: int | None = None
 
 
 class Run:
@@ -50,43 +58,108 @@ class Run:
                                        client_tool=plan.tools.client, new_id=new_item_id,
                                        logprobs=plan.logprobs, seal=seal)
         self.seq = Sequencer()
-        self._usage: Usage | None = None
+        self._choice = plan.choice          # the model's current round
+        self._usage: Usage | None = None    # that round's, once it has ended
+        self._spent: list[Usage] = []       # every round's that ended
+        self._counted = False               # the current round's is in ``_spent``
 
     @property
     def response(self) -> Obj:
         return self.builder.response
 
     async def events(self) -> AsyncGenerator[Obj, None]:
-        """The response's stream events, stamped, from created to the terminal event."""
+        """The response's stream events, stamped, from created to the terminal event.
+
+        With MCP tools it is a loop: the model runs, Podium runs the MCP calls it made, and
+        the model runs again on the conversation extended by them, until it answers without
+        one (or calls a client's tool, or asks for an approval, or runs out of tokens)."""
         builder, seq = self.builder, self.seq
         for event in seq.stamp(builder.start()):
             yield event
-        finish = None
+        finish, calls, rounds = None, 0, 0
         try:
-            async for _, semantic in run_choices(self._engine, [self.plan.choice]):
-                if isinstance(semantic, Finish):
-                    finish = semantic
-                elif isinstance(semantic, Usage):
-                    self._usage = semantic
-                else:
-                    for out in seq.stamp(builder.event(semantic)):
+            for item in self.plan.listings:
+                for out in seq.stamp(builder.mcp_listing(item)):
+                    yield out
+            for item in self.plan.approved:
+                for out in seq.stamp(builder.mcp_item(item)):
+                    yield out
+            while True:
+                if self._choice is not None:
+                    finish = None
+                    async for _, semantic in run_choices(self._engine, [self._choice]):
+                        if isinstance(semantic, Finish):
+                            finish = semantic
+                        elif isinstance(semantic, Usage):
+                            self._usage = semantic
+                        else:
+                            for out in seq.stamp(builder.event(semantic)):
+                                yield out
+                    self._spent.append(self._round_usage())
+                    self._counted = True
+                    for out in seq.stamp(builder.end_round()):
                         yield out
+                pending = list(builder.calls)
+                for index, item in pending:
+                    for out in seq.stamp(builder.mcp_running(index, item)):
+                        yield out
+                    output, error = await self._call(item, calls)
+                    calls += 1
+                    for out in seq.stamp(builder.mcp_result(index, item, output, error)):
+                        yield out
+                if not pending or builder.ends_turn or (
+                        finish is not None and finish.reason == "length"):
+                    break
+                assert self.plan.again is not None
+                rounds += 1
+                limit = self.plan.max_tool_calls
+                quiet = rounds >= MAX_ROUNDS - 1 or (limit is not None and calls >= limit)
+                self._choice = await self.plan.again(self.response["output"], quiet)
+                self._counted = False
         except PodiumError as exc:
             log.error("response %s failed: %s", self.response["id"], exc.message)
             for out in self._end("failed", {"code": exc.code or "server_error",
                                             "message": exc.message}):
                 yield out
             return
+        finally:
+            if self.plan.mcp is not None:
+                await self.plan.mcp.close()
         for out in seq.stamp(builder.finish(finish, self.usage())):
             yield out
 
-    def usage(self) -> Obj:
-        if self._usage is None:
-            for event in self.plan.choice.stream.finish():
+    async def _call(self, item: Obj, made: int) -> tuple[str | None, Obj | None]:
+        limit = self.plan.max_tool_calls
+        if limit is not None and made >= limit:
+            return None, {"type": "mcp_protocol_error", "code": -32000,
+                          "message": f"Not run: max_tool_calls ({limit}) were made already"}
+        assert self.plan.mcp is not None
+        output, error = await self.plan.mcp.call(item["server_label"], item["name"],
+                                                 item["arguments"])
+        if error is not None:
+            log.info("response %s: MCP call %s failed: %s", self.response["id"], item["name"],
+                     error_text(error))
+        return output, error
+
+    def _round_usage(self) -> Usage:
+        if self._usage is None and self._choice is not None:
+            for event in self._choice.stream.finish():
                 if isinstance(event, Usage):
                     self._usage = event
-        u = self._usage or Usage(self.plan.prompt_tokens, 0)
-        return usage(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cached_tokens)
+        u, self._usage = self._usage or Usage(self.plan.prompt_tokens, 0), None
+        return u
+
+    def usage(self) -> Obj:
+        """Every round's usage, summed (a round cut short counted from its stream)."""
+        if self._choice is not None and not self._counted:
+            self._spent.append(self._round_usage())
+            self._counted = True
+        spent = list(self._spent)
+        if not spent:
+            spent = [Usage(self.plan.prompt_tokens, 0)]
+        return usage(sum(u.prompt_tokens for u in spent),
+                     sum(u.completion_tokens for u in spent),
+                     sum(u.reasoning_tokens for u in spent), sum(u.cached_tokens for u in spent))
 
     def stop(self, exc: BaseException) -> list[Obj]:
         """The events that end a run cut short by ``exc`` (none if it had ended)."""

@@ -19,23 +19,25 @@ the row gone and stops.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncGenerator
 
+from podium.api.responses import mcp
 from podium.api.responses.log import POLL_SECONDS, EventLog, Finalizers, Logs
 from podium.api.responses.runner import Plan, Run
-from podium.api.responses.translate import (ToolMap, as_input, normalize_input, skeleton,
-                                            to_conversation, to_options, turn_starts)
+from podium.api.responses.translate import (ToolMap, as_input, new_item_id, normalize_input,
+                                            skeleton, to_conversation, to_options, turn_starts)
 from podium.api.sealing import Sealer
 from podium.conversation import Options
 from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import (ContextLengthExceeded, InvalidRequestError, NotFoundError,
                            StoreUnavailable)
-from podium.generation import Prepared, check_model, off_loop, prepare, start
+from podium.generation import Choice, Prepared, check_model, off_loop, prepare, start
 from podium.protocol.responses import ResponsesRequest
 from podium.settings import Settings
 from podium.store.base import NO_OWNER, TERMINAL, ResponseStore, StoredResponse
@@ -111,14 +113,20 @@ class ResponsesService:
             raise InvalidRequestError("conversation and previous_response_id cannot be used "
                                       "together", param="conversation")
         plan = await self._plan(req, owner)
-        start(self._engine, [plan.choice])      # 429 / 400 now, before anything is stored
+        try:
+            if plan.choice is not None:     # 429 / 400 now, before anything is stored
+                start(self._engine, [plan.choice])
+            if req.background:
+                plan.response["status"] = "queued"
+            if req.store:   # first, so a store that cannot take it is a 503 before any work
+                await self._store_first(plan, owner)
+        except BaseException:
+            if plan.mcp is not None:
+                await plan.mcp.close()
+            raise
         rid = plan.response["id"]
         turn = (Turn(plan.response["conversation"]["id"], owner)
                 if plan.response.get("conversation") else None)
-        if req.background:
-            plan.response["status"] = "queued"
-        if req.store:       # first, so a store that cannot take it is a 503 before any work
-            await self._store_first(plan, owner)
         if req.background:
             writer = self._logs.open(rid)       # before any follower looks for it
             self._running[rid] = asyncio.create_task(self._background(plan, writer, turn))
@@ -136,7 +144,7 @@ class ResponsesService:
             await self._store.put(record, lease)
             self._leased.add(record.id)
         except BaseException:
-            if plan.choice.outputs is not None:     # already queued with the engine: drop it
+            if plan.choice is not None and plan.choice.outputs is not None:   # queued: drop it
                 await plan.choice.outputs.aclose()
             raise
 
@@ -150,13 +158,73 @@ class ResponsesService:
             history, source = await self._conversation(req.conversation, owner), "conversation"
             response["conversation"] = {"id": _conversation_id(req.conversation)}
         tools = ToolMap(req.tools, strict=self._settings.strict_tools)
-        options = to_options(req, tools)
-        wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
-        prepared = await off_loop(self._prepare_fitting, req, history + items, wheres, tools,
-                                  options)
+        servers = mcp.servers(req.tools, self._settings.mcp_allow)
+        sessions = (mcp.Sessions(servers, self._settings.mcp_timeout,
+                                 self._settings.mcp_max_output) if servers else None)
+        try:
+            listings, approved = [], []
+            if sessions is not None:
+                listings = await self._mcp_tools(servers, sessions, history + items, tools)
+                approved = _approved(sessions, history, items)
+            elif any(item["type"] == "mcp_approval_response" and item["approve"]
+                     for item in items):
+                raise InvalidRequestError(
+                    "An approved MCP call needs its mcp tool in tools", param="tools")
+            options = to_options(req, tools)
+            wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
+            prepared = await off_loop(self._prepare_fitting, req, history + items + approved,
+                                      wheres + ["input"] * len(approved), tools, options)
+        except BaseException:
+            if sessions is not None:
+                await sessions.close()
+            raise
+
+        async def again(output: list[dict[str, Any]], quiet: bool) -> Choice:
+            """The model's next round, on the conversation extended by ``output``."""
+            later = dataclasses.replace(options, tool_choice="none" if quiet else "auto")
+            done = as_input(output)
+            again = await off_loop(self._prepare_fitting, req, history + items + done,
+                                   wheres + ["output"] * len(done), tools, later)
+            start(self._engine, [again.choices[0]])
+            return again.choices[0]
+
         return Plan(response, req.previous_response_id, items, prepared.prompt_tokens,
-                    prepared.choices[0], tools, options.logprobs,
-                    "reasoning.encrypted_content" in set(req.include or ()))
+                    None if approved else prepared.choices[0], tools, options.logprobs,
+                    "reasoning.encrypted_content" in set(req.include or ()), mcp=sessions,
+                    listings=listings, approved=approved,
+                    again=again if sessions is not None else None,
+                    max_tool_calls=req.max_tool_calls)
+
+    async def _mcp_tools(self, servers: list[mcp.Server], sessions: mcp.Sessions,
+                         conversation: list[dict[str, Any]], tools: ToolMap
+                         ) -> list[dict[str, Any]]:
+        """Each server's tools offered to the model: a listing already in the conversation
+        is reused, the others are fetched (together); the new ``mcp_list_tools`` items."""
+        known = {item["server_label"]: item for item in conversation
+                 if item["type"] == "mcp_list_tools" and not item.get("error")}
+
+        async def listing(server: mcp.Server) -> dict[str, Any]:
+            item: dict[str, Any] = {"id": new_item_id("mcpl"), "type": "mcp_list_tools",
+                    "server_label": server.label, "tools": [], "error": None}
+            try:
+                item["tools"] = [t for t in await sessions.session(server.label).list_tools()
+                                 if server.allows(t)]
+            except mcp.McpError as exc:
+                log.warning("MCP server %s: %s", server.label, exc.message)
+                item["error"] = exc.message
+            return item
+
+        fresh = [s for s in servers if s.label not in known]
+        listings = list(await asyncio.gather(*(listing(s) for s in fresh)))
+        by_label = {item["server_label"]: item for item in listings}
+        for server in servers:
+            item = known.get(server.label) or by_label[server.label]
+            for tool in item["tools"]:
+                if server.allows(tool):
+                    read_only = bool((tool.get("annotations") or {}).get("readOnlyHint"))
+                    tools.add_mcp(server.label, tool,
+                                  server.needs_approval(tool["name"], read_only), server.where)
+        return listings
 
     async def _conversation(self, conversation: Any, owner: str) -> list[dict[str, Any]]:
         """The conversation's items, oldest first (they come before the input)."""
@@ -447,3 +515,27 @@ def _conversation_id(value: Any) -> str:
         raise InvalidRequestError('conversation must be a conversation id or {"id": ...}',
                                   param="conversation")
     return value
+
+
+def _approved(sessions: mcp.Sessions, history: list[dict[str, Any]],
+              items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The MCP calls this request's input approves, ready to run (``mcp_call`` items)."""
+    requests = {item["id"]: item for item in history if item["type"] == "mcp_approval_request"}
+    calls = []
+    for i, item in enumerate(items):
+        if item["type"] != "mcp_approval_response" or not item["approve"]:
+            continue
+        request = requests.get(item["approval_request_id"])
+        if request is None:
+            raise InvalidRequestError(
+                f"No mcp_approval_request with id {item['approval_request_id']!r} in the "
+                f"conversation", param=f"input[{i}].approval_request_id")
+        if request["server_label"] not in sessions.servers:
+            raise InvalidRequestError(
+                f"The approved call is to MCP server {request['server_label']!r}: give its "
+                f"mcp tool in tools", param="tools")
+        calls.append({"id": new_item_id("mcp"), "type": "mcp_call",
+                      "server_label": request["server_label"], "name": request["name"],
+                      "arguments": request["arguments"], "status": "in_progress",
+                      "approval_request_id": request["id"]})
+    return calls

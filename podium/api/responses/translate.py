@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
+from podium.api.responses.mcp import error_text
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
                                  Role, TextPart, Tool, ToolCall)
 from podium.engine.base import SamplingParams
@@ -32,9 +33,11 @@ log = logging.getLogger(__name__)
 
 _ITEMS = TypeAdapter(InputItem)
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
-              "custom_tool_call": "ctc", "custom_tool_call_output": "ctco", "reasoning": "rs"}
+              "custom_tool_call": "ctc", "custom_tool_call_output": "ctco", "reasoning": "rs",
+              "mcp_list_tools": "mcpl", "mcp_call": "mcp", "mcp_approval_request": "mcpr",
+              "mcp_approval_response": "mcpa"}
 UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_interpreter",
-                     "image_generation", "computer_use_preview", "computer", "mcp",
+                     "image_generation", "computer_use_preview", "computer",
                      "local_shell", "shell", "apply_patch", "tool_search"}
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}},
                      "required": ["input"]}
@@ -75,9 +78,11 @@ def normalize_input(raw: str | list[dict[str, Any]], param: str = "input"
 
 @dataclass(frozen=True)
 class ClientTool:
-    kind: str                 # "function" or "custom"
+    kind: str                 # "function", "custom", or "mcp" (a tool Podium calls itself)
     name: str
     namespace: str | None = None
+    server: str | None = None     # an mcp tool's server_label
+    approval: bool = False        # an mcp tool whose calls the client approves first
 
 
 class ToolMap:
@@ -91,6 +96,8 @@ class ToolMap:
 
     def _add(self, tool: dict[str, Any], namespace: str | None, strict: bool, where: str) -> None:
         kind = tool.get("type")
+        if kind == "mcp":           # its tools are listed when the response runs (add_mcp)
+            return
         if kind == "namespace":
             if tool.get("name") is not None:
                 _check_name(tool["name"], tool["name"], f"{where}.name")
@@ -118,6 +125,19 @@ class ToolMap:
         self.tools.append(Tool(model_name, parameters, description or None,
                                where=f"{where}.parameters"))
         self.by_model_name[model_name] = ClientTool(kind, name, namespace)
+
+    def add_mcp(self, server: str, tool: dict[str, Any], approval: bool, where: str) -> None:
+        """A tool an MCP server listed, offered to the model by its own name."""
+        name = tool["name"]
+        if name in self.by_model_name:
+            raise InvalidRequestError(
+                f"Two tools are named {name!r} (MCP server {server!r} lists one): the model "
+                f"could not tell them apart", param=where)
+        _check_name(name, name, where)
+        schema = tool.get("input_schema")
+        self.tools.append(Tool(name, schema if isinstance(schema, dict) else None,
+                               tool.get("description") or None, where=where))
+        self.by_model_name[name] = ClientTool("mcp", name, server=server, approval=approval)
 
     def model_name(self, name: str, namespace: str | None = None) -> str:
         return f"{namespace}__{name}" if namespace else name
@@ -179,8 +199,53 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
     known_calls: set[str] = set()
     closed: set[int] = set()        # assistant messages a tool output followed
     reasoning: Reasoning | None = None
+    results: list[Message] = []     # outputs of the MCP calls just made, after their calls
+    answered = {item["approval_request_id"]: item for item in items
+                if item["type"] in ("mcp_approval_response", "mcp_call")
+                and item.get("approval_request_id")}
     for i, item in enumerate(items):
         where, kind = wheres[i], item["type"]
+        if kind in ("mcp_call", "mcp_approval_request"):
+            request = kind == "mcp_approval_request"
+            if request and item["id"] not in answered:
+                continue            # never answered: the model did not wait for it
+            call_id = item.get("approval_request_id") or item["id"]
+            if not request and item.get("approval_request_id") and call_id in known_calls:
+                pass                # approved: its request made the call
+            else:
+                call = ToolCall(call_id, item["name"], item["arguments"])
+                last = messages[-1] if messages else None
+                if last is None or last.role != "assistant" or id(last) in closed:
+                    last = Message("assistant", [], where, empty=True)
+                    messages.append(last)
+                if reasoning is not None:
+                    last.reasoning, reasoning = reasoning, None
+                last.tool_calls.append(call)
+                known_calls.add(call_id)
+            if not request:
+                text = item.get("output")
+                if text is None:
+                    text = error_text(item.get("error") or {})
+                results.append(Message("tool", [TextPart(text)], where, tool_call_id=call_id))
+            continue
+        if kind == "mcp_approval_response":
+            if item["approve"]:
+                continue            # the mcp_call that follows holds the output
+            if item["approval_request_id"] not in known_calls:
+                raise InvalidRequestError(
+                    f"No mcp_approval_request with id {item['approval_request_id']!r} "
+                    f"precedes this response", param=f"{where}.approval_request_id")
+            reason = f": {item['reason']}" if item.get("reason") else ""
+            results.append(Message("tool", [TextPart(f"The user denied this call{reason}")],
+                                   where, tool_call_id=item["approval_request_id"]))
+            continue
+        if kind == "mcp_list_tools":
+            continue
+        if results:
+            if messages and messages[-1].role == "assistant":
+                closed.add(id(messages[-1]))
+            messages += results
+            results = []
         if kind == "message":
             role: Role = "system" if item["role"] == "developer" else item["role"]
             message = Message(role, _parts(item["content"], where), where)
@@ -211,6 +276,8 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
                 closed.add(id(messages[-1]))
             messages.append(Message("tool", _parts(item["output"], where), where,
                                     tool_call_id=item["call_id"]))
+    if results:
+        messages += results
     return Conversation(messages, instructions or None)
 
 
@@ -292,7 +359,8 @@ def as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
             items.append({"type": "message", "id": item["id"], "role": "assistant",
                           "content": [{"type": "output_text", "text": p.get("text", "")}
                                       for p in item.get("content") or ()]})
-        elif item.get("type") in ("function_call", "custom_tool_call", "reasoning"):
+        elif item.get("type") in ("function_call", "custom_tool_call", "reasoning",
+                                  "mcp_call", "mcp_list_tools", "mcp_approval_request"):
             items.append({k: v for k, v in item.items() if k != "status"})
     return items
 

@@ -1,0 +1,419 @@
+"""MCP tools in the Responses API, on the scripted engine, against a real MCP server (the
+``mcp`` SDK's own, in-process on a free port): the guard, listings, the loop, approvals."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from openai.types.responses import Response
+
+from podium.api.responses.mcp import allowed_by, cap
+from podium.settings import Settings
+from tests.conftest import SERVED
+from tests.server.responses_check import check_stream, sse_events
+from tests.server.test_responses import THINK, app_for, wait_for  # noqa: F401 - the fixture
+
+URL = "/v1/responses"
+TEMPLATE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
+            "{% endif %}" + THINK)      # the tools the model is offered, in its prompt
+
+
+def call(name, **arguments):
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+def make_server() -> MCPServer:
+    server = MCPServer("podium-test")
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return text
+
+    @server.tool()
+    def fail(why: str = "no reason") -> str:
+        """Always fails."""
+        raise ToolError(f"failed on purpose: {why}")
+
+    @server.tool()
+    async def slow(seconds: float) -> str:
+        """Sleep, then answer."""
+        await asyncio.sleep(seconds)
+        return "slept"
+
+    @server.tool()
+    def big(n: int) -> str:
+        """n characters."""
+        return "x" * n
+
+    return server
+
+
+def _serve(app) -> tuple[uvicorn.Server, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the MCP server did not start"
+        time.sleep(0.02)
+    return server, port
+
+
+@pytest.fixture(scope="module")
+def mcp_url():
+    server, port = _serve(make_server().streamable_http_app())
+    yield f"http://127.0.0.1:{port}/mcp"
+    server.should_exit = True
+
+
+@pytest.fixture
+def app(app_for, mcp_url):  # noqa: F811
+    def build(replies, **settings):
+        settings.setdefault("mcp_allow", [mcp_url.rsplit("/", 1)[0]])
+        return app_for(replies, template=TEMPLATE, **settings)
+    return build
+
+
+def tool(url, **extra):
+    return {"type": "mcp", "server_label": "calc", "server_url": url,
+            "require_approval": "never", **extra}
+
+
+def ask(url, **extra):
+    extra.setdefault("tools", [tool(url)])
+    return {"model": SERVED, "input": "What is 2 + 3?", **extra}
+
+
+def both(c, body):
+    """The response as an object and as a checked stream: the same output."""
+    plain = c.post(URL, json=body)
+    assert plain.status_code == 200, plain.text
+    obj = plain.json()
+    Response.model_validate(obj)
+    streamed = c.post(URL, json=dict(body, stream=True))
+    events = sse_events(streamed.text)
+    final = check_stream(events)
+    assert _shape(final["output"]) == _shape(obj["output"])
+    return obj, events
+
+
+def _shape(output):
+    """Output items without their ids (made afresh per response)."""
+    keep = []
+    for item in output:
+        item = {k: v for k, v in item.items() if k not in ("id", "approval_request_id")}
+        if item["type"] == "function_call":
+            item.pop("call_id")
+        keep.append(item)
+    return keep
+
+
+# -- the guard --------------------------------------------------------------------------
+
+
+def test_mcp_is_off_until_the_operator_allows_a_prefix(app, mcp_url):
+    c = app(["ok"], mcp_allow=[])
+    r = c.post(URL, json=ask(mcp_url, tools=[{"type": "function", "name": "f"},
+                                              tool(mcp_url)]))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "tools[1].server_url" and "--mcp-allow" in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_a_url_outside_the_allow_list_is_a_400(app, mcp_url):
+    c = app(["ok"], mcp_allow=["http://127.0.0.1:1/mcp"])
+    r = c.post(URL, json=ask(mcp_url))
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "tools[0].server_url"
+    assert "--mcp-allow" in r.json()["error"]["message"]
+
+
+def test_prefixes_allow_their_origin_and_paths_under_theirs():
+    allow = ["http://tools:9000/mcp", "https://x.example"]
+    assert allowed_by("http://tools:9000/mcp", allow)
+    assert allowed_by("http://tools:9000/mcp/a", allow)
+    assert allowed_by("https://x.example/anything", allow)
+    for url in ("http://tools:9000/mcpx", "http://tools:9001/mcp", "https://tools:9000/mcp",
+                "http://tools:9000.evil.org/mcp", "http://user@tools:9000/mcp",
+                "https://x.example.evil.org/", "http://x.example/", "file:///etc/passwd",
+                "not a url"):
+        assert not allowed_by(url, allow), url
+
+
+def test_settings_take_mcp_prefixes_from_flags_and_environment():
+    s = Settings.from_sources(["--mcp-allow", "http://a/mcp", "--mcp-allow", "http://b/"],
+                              environ={})
+    assert s.mcp_allow == ["http://a/mcp", "http://b/"]
+    s = Settings.from_sources([], environ={"PODIUM_MCP_ALLOW": "http://a/mcp, http://b/",
+                                           "PODIUM_MCP_TIMEOUT": "2.5"})
+    assert s.mcp_allow == ["http://a/mcp", "http://b/"] and s.mcp_timeout == 2.5
+    with pytest.raises(ValueError):
+        Settings(mcp_timeout=0)
+
+
+def test_output_cap_is_marked():
+    assert cap("abc", 5) == "abc" and cap("abc", 0) == "abc"
+    cut = cap("x" * 100, 10)
+    assert cut.startswith("x" * 10) and "truncated" in cut and "10 of 100" in cut
+
+
+def test_duplicate_tool_names_are_a_400(app, mcp_url):
+    c = app(["ok"])
+    tools = [tool(mcp_url), tool(mcp_url, server_label="again")]
+    r = c.post(URL, json=ask(mcp_url, tools=tools))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1]"
+    r = c.post(URL, json=ask(mcp_url, tools=[{"type": "function", "name": "add"},
+                                              tool(mcp_url)]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1]"
+    r = c.post(URL, json=ask(mcp_url, tools=[tool(mcp_url), tool(mcp_url)]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].server_label"
+
+
+# -- listing ----------------------------------------------------------------------------
+
+
+def test_listing_filtered_and_offered_to_the_model(app, mcp_url):
+    c = app(["No tools needed."])
+    body, events = both(c, ask(mcp_url, tools=[tool(mcp_url, allowed_tools=["add", "echo"])]))
+    listing, message = body["output"]
+    assert listing["type"] == "mcp_list_tools" and listing["server_label"] == "calc"
+    assert listing["error"] is None
+    assert [t["name"] for t in listing["tools"]] == ["add", "echo"]
+    assert listing["tools"][0]["input_schema"]["required"] == ["a", "b"]
+    assert message["content"][0]["text"] == "No tools needed."
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    assert '"add"' in prompt and "Add two integers." in prompt and '"slow"' not in prompt
+    kinds = [e["type"] for e in events if e.get("output_index") == 0]
+    assert kinds == ["response.output_item.added", "response.mcp_list_tools.in_progress",
+                     "response.mcp_list_tools.completed", "response.output_item.done"]
+
+
+def test_a_failed_listing_is_an_item_with_its_error(app, mcp_url):
+    dead = mcp_url.replace("/mcp", "/nothing-here")
+    c = app(["Answering without tools."])
+    body, events = both(c, ask(mcp_url, tools=[tool(dead, server_label="dead"),
+                                               tool(mcp_url, allowed_tools=["echo"])]))
+    dead_item, good, message = body["output"]
+    assert dead_item["error"] and dead_item["tools"] == []
+    assert [t["name"] for t in good["tools"]] == ["echo"]
+    assert message["content"][0]["text"] == "Answering without tools."
+    assert "response.mcp_list_tools.failed" in [e["type"] for e in events]
+
+
+# -- the loop ---------------------------------------------------------------------------
+
+
+def test_a_call_runs_and_the_model_answers_with_its_output(app, mcp_url):
+    c = app([call("add", a=2, b=3), "2 + 3 = 5."])
+    body, events = both(c, ask(mcp_url))
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    done = body["output"][1]
+    assert (done["name"], done["server_label"], done["output"], done["error"],
+            done["status"]) == ("add", "calc", "5", None, "completed")
+    assert json.loads(done["arguments"]) == {"a": 2, "b": 3}
+    assert body["output"][2]["content"][0]["text"] == "2 + 3 = 5."
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    assert "What is 2 + 3?" in prompt and "<tool_call>add" in prompt
+    assert prompt.count("What is 2 + 3?") == 1
+    index = body["output"].index(done)
+    kinds = [e["type"] for e in events if e.get("output_index") == index]
+    assert kinds[0] == "response.output_item.added"
+    assert set(kinds[1:-4]) == {"response.mcp_call_arguments.delta"}
+    assert kinds[-4:] == ["response.mcp_call_arguments.done", "response.mcp_call.in_progress",
+                          "response.mcp_call.completed", "response.output_item.done"]
+    assert body["usage"]["output_tokens"] > 0
+    assert body["usage"]["input_tokens"] > len(c.engine.requests[-1].prompt_token_ids)
+
+
+def test_a_failed_call_hands_its_error_to_the_model(app, mcp_url):
+    c = app([call("fail", why="testing"), "The tool failed."])
+    body, events = both(c, ask(mcp_url))
+    failed = body["output"][1]
+    assert failed["status"] == "failed" and failed["output"] is None
+    assert failed["error"]["type"] == "mcp_tool_execution_error"
+    assert "failed on purpose: testing" in json.dumps(failed["error"])
+    assert "response.mcp_call.failed" in [e["type"] for e in events]
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    assert "failed on purpose: testing" in prompt
+
+
+def test_a_slow_call_times_out(app, mcp_url):
+    c = app([call("slow", seconds=3), "Too slow."], mcp_timeout=0.5)
+    body = c.post(URL, json=ask(mcp_url)).json()
+    timed_out = body["output"][1]
+    assert timed_out["status"] == "failed" and "timed out" in timed_out["error"]["message"]
+    assert body["output"][2]["content"][0]["text"] == "Too slow."
+
+
+def test_output_is_capped_before_the_model_sees_it(app, mcp_url):
+    c = app([call("big", n=5000), "Long."], mcp_max_output=100)
+    body = c.post(URL, json=ask(mcp_url)).json()
+    output = body["output"][1]["output"]
+    assert output.startswith("x" * 100) and "truncated" in output and len(output) < 200
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    assert "x" * 101 not in prompt
+
+
+def test_the_loop_runs_until_the_model_answers(app, mcp_url):
+    c = app([call("add", a=1, b=2), call("echo", text="three"), "Done."])
+    body, _ = both(c, ask(mcp_url))
+    assert [i["type"] for i in body["output"]] == [
+        "mcp_list_tools", "mcp_call", "mcp_call", "message"]
+    assert [i.get("output") for i in body["output"][1:3]] == ["3", "three"]
+
+
+def test_max_tool_calls_stops_the_calls(app, mcp_url):
+    c = app([call("add", a=1, b=2), call("add", a=3, b=4), "Stopped."])
+    body = c.post(URL, json=ask(mcp_url, max_tool_calls=1)).json()
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    assert body["max_tool_calls"] == 1
+    # the round after the last allowed call is offered no tools
+    assert "<tools>" not in c.engine.tokenizer.decode(
+        c.engine.requests[-1].prompt_token_ids).split("What is 2 + 3?")[-1]
+
+
+def test_a_client_function_call_still_ends_the_turn(app, mcp_url):
+    weather = {"type": "function", "name": "get_weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    c = app([call("add", a=1, b=1) + call("get_weather", city="Paris")])
+    body, _ = both(c, ask(mcp_url, tools=[tool(mcp_url), weather]))
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call",
+                                                   "function_call"]
+    assert body["output"][1]["output"] == "2"
+    assert len(c.engine.requests) == 2         # one round each: the client answers next
+
+
+def test_a_chain_continues_and_reuses_the_listing(app, mcp_url):
+    c = app([call("add", a=2, b=3), "5.", "Still 5.", "Replayed."])
+    first = c.post(URL, json=ask(mcp_url)).json()
+    second = c.post(URL, json={"model": SERVED, "previous_response_id": first["id"],
+                               "input": "And again?", "tools": [tool(mcp_url)]})
+    assert second.status_code == 200, second.text
+    body = second.json()
+    assert [i["type"] for i in body["output"]] == ["message"]     # no second listing
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    assert "<tool_call>add" in prompt and "And again?" in prompt and '"add"' in prompt
+    # the same items replayed by hand as input are accepted too
+    replay = c.post(URL, json={"model": SERVED, "tools": [tool(mcp_url)],
+                               "input": [{"role": "user", "content": "What is 2 + 3?"},
+                                         *first["output"],
+                                         {"role": "user", "content": "And again?"}]})
+    assert replay.status_code == 200, replay.text
+    assert [i["type"] for i in replay.json()["output"]] == ["message"]
+
+
+# -- approvals --------------------------------------------------------------------------
+
+
+def test_approval_request_then_approve_runs_the_call(app, mcp_url, tokenizer):
+    def reply(request):     # a call, until the conversation holds the call's output
+        prompt = tokenizer.decode(request.prompt_token_ids)
+        return "It is 5." if "\ntool\n" in prompt else call("add", a=2, b=3)
+    c = app(reply)
+    asked = ask(mcp_url, tools=[tool(mcp_url, require_approval="always")])
+    first, events = both(c, asked)
+    assert [i["type"] for i in first["output"]] == ["mcp_list_tools", "mcp_approval_request"]
+    request = first["output"][1]
+    assert (request["name"], request["server_label"]) == ("add", "calc")
+    assert json.loads(request["arguments"]) == {"a": 2, "b": 3}
+    assert first["status"] == "completed"
+    answer = {"model": SERVED, "previous_response_id": first["id"],
+              "tools": [tool(mcp_url, require_approval="always")],
+              "input": [{"type": "mcp_approval_response", "approve": True,
+                         "approval_request_id": request["id"]}]}
+    for stream in (False, True):
+        r = c.post(URL, json=dict(answer, stream=stream))
+        assert r.status_code == 200, r.text
+        body = check_stream(sse_events(r.text)) if stream else r.json()
+        Response.model_validate(body)
+        assert [i["type"] for i in body["output"]] == ["mcp_call", "message"]
+        made = body["output"][0]
+        assert made["approval_request_id"] == request["id"] and made["output"] == "5"
+        assert body["output"][1]["content"][0]["text"] == "It is 5."
+
+
+def test_approval_default_is_always_and_filters_apply(app, mcp_url):
+    c = app([call("add", a=1, b=1), "2."])
+    plain = {k: v for k, v in tool(mcp_url).items() if k != "require_approval"}
+    body = c.post(URL, json=ask(mcp_url, tools=[plain])).json()
+    assert body["output"][-1]["type"] == "mcp_approval_request"
+    c.post(URL, json={"model": SERVED, "input": "x"})          # the second reply
+    never_add = tool(mcp_url, require_approval={"never": {"tool_names": ["add"]}})
+    body = c.post(URL, json=ask(mcp_url, tools=[never_add])).json()
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+
+
+def test_denial_tells_the_model(app, mcp_url):
+    c = app([call("add", a=2, b=3), "Fine, I will not."])
+    tools = [tool(mcp_url, require_approval="always")]
+    first = c.post(URL, json=ask(mcp_url, tools=tools)).json()
+    request = first["output"][-1]
+    second = c.post(URL, json={"model": SERVED, "previous_response_id": first["id"],
+                               "tools": tools,
+                               "input": [{"type": "mcp_approval_response", "approve": False,
+                                          "reason": "not today",
+                                          "approval_request_id": request["id"]}]})
+    assert second.status_code == 200, second.text
+    assert [i["type"] for i in second.json()["output"]] == ["message"]
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    assert "denied" in prompt and "not today" in prompt
+
+
+def test_an_approval_of_an_unknown_request_is_a_400(app, mcp_url):
+    c = app(["ok"])
+    r = c.post(URL, json=ask(mcp_url, input=[
+        {"role": "user", "content": "hi"},
+        {"type": "mcp_approval_response", "approve": True, "approval_request_id": "mcpr_x"}]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[1].approval_request_id"
+
+
+# -- background and cancel --------------------------------------------------------------
+
+
+def test_cancel_during_a_slow_call_ends_the_response(app, mcp_url):
+    c = app([call("slow", seconds=20), "never"])
+    rid = c.post(URL, json=ask(mcp_url, background=True)).json()["id"]
+    deadline = time.monotonic() + 10
+    while True:
+        body = c.get(f"{URL}/{rid}").json()
+        assert time.monotonic() < deadline
+        if body["status"] == "in_progress" and c.engine.stats["running"] == 0 and len(
+                c.engine.requests) == 1:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)     # the call is under way
+    started = time.monotonic()
+    cancelled = c.post(f"{URL}/{rid}/cancel").json()
+    assert time.monotonic() - started < 5
+    assert cancelled["status"] == "cancelled"
+    assert len(c.engine.requests) == 1          # the model never ran again
+    events = sse_events(c.get(f"{URL}/{rid}?stream=true").text)
+    final = check_stream(events)
+    assert final["status"] == "cancelled"
+    assert final["output"][1]["type"] == "mcp_call"
+    assert final["output"][1]["status"] == "incomplete"
+
+
+def test_background_runs_the_loop(app, mcp_url):
+    c = app([call("add", a=2, b=3), "5."])
+    rid = c.post(URL, json=ask(mcp_url, background=True)).json()["id"]
+    done = wait_for(c, rid, "completed")
+    assert [i["type"] for i in done["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    check_stream(sse_events(c.get(f"{URL}/{rid}?stream=true").text))
