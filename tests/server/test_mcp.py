@@ -14,6 +14,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from openai.types.responses import Response
 
 from podium.api.responses.mcp import allowed_by, cap
+from podium.api.responses.runner import MAX_ROUNDS
 from podium.settings import Settings
 from tests.conftest import SERVED
 from tests.server.responses_check import check_stream, sse_events
@@ -417,3 +418,23 @@ def test_background_runs_the_loop(app, mcp_url):
     done = wait_for(c, rid, "completed")
     assert [i["type"] for i in done["output"]] == ["mcp_list_tools", "mcp_call", "message"]
     check_stream(sse_events(c.get(f"{URL}/{rid}?stream=true").text))
+
+
+def test_a_model_that_never_stops_calling_is_stopped(app, mcp_url):
+    c = app([call("add", a=1, b=1)])
+    body = c.post(URL, json=ask(mcp_url)).json()
+    assert body["status"] == "completed"
+    assert len(c.engine.requests) == MAX_ROUNDS
+    kinds = [i["type"] for i in body["output"]]
+    # the last round is offered no tools: its call is not parsed as one
+    assert kinds.count("mcp_call") == MAX_ROUNDS - 1 and kinds[-1] == "message"
+
+
+def test_tool_choice_names_an_mcp_tool(app, mcp_url):
+    c = app([call("echo", text="hi"), "Said hi."])
+    body, _ = both(c, ask(mcp_url, tool_choice={"type": "mcp", "server_label": "calc",
+                                                 "name": "echo"}))
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    r = c.post(URL, json=ask(mcp_url, tool_choice={"type": "mcp", "server_label": "calc",
+                                                   "name": "nope"}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice.name"

@@ -112,8 +112,12 @@ class Run:
                     break
                 assert self.plan.again is not None
                 rounds += 1
+                if rounds >= MAX_ROUNDS:    # the model would not stop calling: enough
+                    log.warning("response %s: %d rounds of MCP calls, ended there",
+                                self.response["id"], rounds)
+                    break
                 limit = self.plan.max_tool_calls
-                quiet = rounds >= MAX_ROUNDS - 1 or (limit is not None and calls >= limit)
+                quiet = rounds == MAX_ROUNDS - 1 or (limit is not None and calls >= limit)
                 self._choice = await self.plan.again(self.response["output"], quiet)
                 self._counted = False
         except PodiumError as exc:

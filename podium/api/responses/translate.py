@@ -154,6 +154,14 @@ class ToolMap:
         kind = choice.get("type")
         if kind in ("function", "custom"):
             return self.model_name(choice.get("name", ""), choice.get("namespace"))
+        if kind == "mcp":           # one of a server's tools, or any of them
+            name = choice.get("name")
+            tool = self.by_model_name.get(name or "")
+            if name and (tool is None or tool.server != choice.get("server_label")):
+                raise InvalidRequestError(
+                    f"MCP server {choice.get('server_label')!r} offers no tool {name!r}",
+                    param="tool_choice.name")
+            return name or "required"
         if kind == "allowed_tools":
             mode = choice.get("mode") or "auto"
             if mode not in ("auto", "required", "none"):
