@@ -137,11 +137,18 @@ def test_incoming_reasoning_reaches_the_template(tokenizer, client_for):
     assert "<think>be nice</think>hello" in tokenizer.decode(engine.requests[0].prompt_token_ids)
 
 
-def test_undeclared_tool_stays_content(tokenizer, client_for):
-    reply = '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>'
+def test_undeclared_tool_call_is_dropped_markup_and_all(tokenizer, client_for):
+    # docs/parsing.md, "Malformed model output": a call to a tool the request did not
+    # declare is dropped with a warning; its markup never reaches the content
+    reply = 'Sure.<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>'
     c = client_for(thinking_engine(tokenizer, reply))
     m = c.post(URL, json=ask()).json()["choices"][0]
-    assert m["message"]["content"] == reply and m["finish_reason"] == "stop"
+    assert m["message"]["content"] == "Sure." and m["finish_reason"] == "stop"
+    assert not m["message"].get("tool_calls")
+    streamed = "".join(chunk["choices"][0]["delta"].get("content") or ""
+                       for chunk in events(c.post(URL, json=ask(stream=True)).text)
+                       if chunk.get("choices"))
+    assert streamed == "Sure."
 
 
 def test_without_tools_markup_is_content(tokenizer, client_for):
