@@ -278,6 +278,8 @@ def test_the_loop_runs_until_the_model_answers(app, mcp_url):
     assert [i["type"] for i in body["output"]] == [
         "mcp_list_tools", "mcp_call", "mcp_call", "message"]
     assert [i.get("output") for i in body["output"][1:3]] == ["3", "three"]
+    rounds = list(c.engine.requests)[-3:]   # every round's tokens are the response's
+    assert body["usage"]["input_tokens"] == sum(len(r.prompt_token_ids) for r in rounds)
 
 
 def test_max_tool_calls_stops_the_calls(app, mcp_url):
@@ -438,3 +440,14 @@ def test_tool_choice_names_an_mcp_tool(app, mcp_url):
     r = c.post(URL, json=ask(mcp_url, tool_choice={"type": "mcp", "server_label": "calc",
                                                    "name": "nope"}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice.name"
+
+
+def test_calls_of_a_round_cut_by_max_output_tokens_are_not_run(app, mcp_url):
+    c = app([call("echo", text="a long text that will not fit in the tokens")])
+    body = c.post(URL, json=ask(mcp_url, max_output_tokens=12)).json()
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    made = [i for i in body["output"] if i["type"] == "mcp_call"]
+    assert [i["status"] for i in made] == ["incomplete"]
+    assert all(i.get("output") is None for i in made)
+    assert len(c.engine.requests) == 1

@@ -99,6 +99,8 @@ class Run:
                     self._counted = True
                     for out in seq.stamp(builder.end_round()):
                         yield out
+                if finish is not None and finish.reason == "length":
+                    break           # its calls may be cut short: not run (incomplete)
                 pending = list(builder.calls)
                 for index, item in pending:
                     for out in seq.stamp(builder.mcp_running(index, item)):
@@ -107,8 +109,7 @@ class Run:
                     calls += 1
                     for out in seq.stamp(builder.mcp_result(index, item, output, error)):
                         yield out
-                if not pending or builder.ends_turn or (
-                        finish is not None and finish.reason == "length"):
+                if not pending or builder.ends_turn:
                     break
                 assert self.plan.again is not None
                 rounds += 1
