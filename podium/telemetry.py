@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+from array import array
 import time
+from bisect import bisect_left
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 access_log = logging.getLogger("podium.access")
 
@@ -35,16 +39,72 @@ class Metrics:
         self.ttft = Histogram("podium_time_to_first_token_seconds",
                               "Time from request to first generated token",
                               buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("podium_inter_token_latency_seconds",
-                             "Time between generated tokens of one choice",
-                             buckets=GAP_BUCKETS, registry=r)
+        # observed once per engine output: kept as plain numbers (no lock, no label
+        # lookup) and exposed at scrape time exactly as prometheus-client's own would be
+        self.itl = LoopHistogram("podium_inter_token_latency_seconds",
+                                 "Time between generated tokens of one choice", GAP_BUCKETS)
+        r.register(self.itl)
         self.prompt_tokens = Counter("podium_prompt_tokens", "Prompt tokens processed",
                                      registry=r)
-        self.generation_tokens = Counter("podium_generation_tokens", "Tokens generated",
-                                         registry=r)
+        self.generation_tokens = LoopCounter("podium_generation_tokens", "Tokens generated")
+        r.register(self.generation_tokens)
         self.errors = Counter("podium_errors", "Error responses by error type", ["type"],
                               registry=r)
         r.register(_GaugeCollector(gauges))
+
+
+class LoopHistogram:
+    """A histogram updated only on the event loop's thread: ``observe`` is a bisect and two
+    additions. Collected as prometheus-client's ``Histogram`` exposes itself (cumulative
+    buckets, ``_count``, ``_sum``, ``_created``). The numbers live in C arrays (no int
+    object made at the end of a burst pins an arena; docs/architecture.md)."""
+
+    __slots__ = ("name", "doc", "bounds", "counts", "sum", "created")
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]):
+        self.name, self.doc = name, doc
+        self.bounds = tuple(float(b) for b in buckets) + (math.inf,)
+        self.counts = array("q", bytes(8 * len(self.bounds)))
+        self.sum = array("d", [0.0])
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum[0] += value
+
+    def collect(self):
+        metric = Metric(self.name, self.doc, "histogram")
+        total = 0
+        for bound, count in zip(self.bounds, self.counts):
+            total += count
+            metric.add_sample(self.name + "_bucket", {"le": floatToGoString(bound)}, total)
+        metric.add_sample(self.name + "_count", {}, total)
+        metric.add_sample(self.name + "_sum", {}, self.sum[0])
+        created = Metric(self.name + "_created", self.doc, "gauge")
+        created.add_sample(self.name + "_created", {}, self.created)
+        return [metric, created]
+
+
+class LoopCounter:
+    """A counter updated only on the event loop's thread, exposed as prometheus-client's
+    ``Counter`` is (``_total`` and ``_created``)."""
+
+    __slots__ = ("name", "doc", "value", "created")
+
+    def __init__(self, name: str, doc: str):
+        self.name, self.doc = name, doc
+        self.value = array("q", [0])
+        self.created = time.time()
+
+    def inc(self, amount: int = 1) -> None:
+        self.value[0] += amount
+
+    def collect(self):
+        total = Metric(self.name, self.doc, "counter")
+        total.add_sample(self.name + "_total", {}, self.value[0])
+        created = Metric(self.name + "_created", self.doc, "gauge")
+        created.add_sample(self.name + "_created", {}, self.created)
+        return [total, created]
 
 
 class _GaugeCollector:
@@ -79,16 +139,18 @@ class RequestRecord:
         """``count`` new tokens from the engine for this request."""
         now = time.monotonic()
         metrics = self.metrics
-        if self.first_token is None:
-            self.first_token = now
-            if metrics is not None:
-                metrics.ttft.observe(now - self.start)
-        elif metrics is not None and self._last_token is not None:
-            metrics.itl.observe(now - self._last_token)
-        self._last_token = now
+        last, self._last_token = self._last_token, now
         self.completion_tokens += count
-        if metrics is not None:
-            metrics.generation_tokens.inc(count)
+        if metrics is None:
+            if self.first_token is None:
+                self.first_token = now
+            return
+        metrics.generation_tokens.value[0] += count
+        if last is not None:
+            metrics.itl.observe(now - last)
+        elif self.first_token is None:
+            self.first_token = now
+            metrics.ttft.observe(now - self.start)
 
     def prompt(self, count: int) -> None:
         self.prompt_tokens += count
