@@ -167,16 +167,25 @@ async def run_choice(engine: Engine, index: int, choice: Choice
     if record is not None and index == 0:
         record.prompt(len(choice.request.prompt_token_ids))
     stream = choice.stream
+    feed = stream.feed
     try:
-        async for out in outputs:
-            if record is not None and out.token_ids:
-                record.tokens(len(out.token_ids))
-            for event in stream.feed(out):
-                if record is not None and record.capture and hasattr(event, "text"):
-                    record.output.append(event.text)
-                yield index, event
-            if stream.finished:
-                break
+        if record is None:
+            async for out in outputs:
+                for event in feed(out):
+                    yield index, event
+                if stream.finished:
+                    break
+        else:
+            tokens, capture = record.tokens, record.capture
+            async for out in outputs:
+                if out.token_ids:
+                    tokens(len(out.token_ids))
+                for event in feed(out):
+                    if capture and hasattr(event, "text"):
+                        record.output.append(event.text)
+                    yield index, event
+                if stream.finished:
+                    break
     finally:
         # Stopping early (a stop string, a disconnect) must end the engine's work at once.
         await outputs.aclose()

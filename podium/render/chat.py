@@ -41,6 +41,10 @@ class ChatChunks:
         return self._chunk(index, {"role": "assistant", "content": ""})
 
     def event(self, index: int, event: Event) -> dict[str, Any] | None:
+        if type(event) is TextDelta and not self._logprobs:     # the per-token cases first
+            return self._chunk(index, {"content": event.text})
+        if type(event) is ReasoningDelta and len(self._reasoning) == 1:
+            return self._chunk(index, {self._reasoning[0]: event.text})
         if isinstance(event, TextDelta):
             lp = None
             if self._logprobs:

@@ -34,25 +34,36 @@ class TextPipeline:
 
     def feed(self, out: EngineOutput) -> list[Event]:
         """Events for one engine output; the last output also yields ``Finish``."""
-        self.completion_tokens += len(out.token_ids)
+        ids = out.token_ids
+        self.completion_tokens += len(ids)
         if out.cached_tokens:
             self.cached_tokens = out.cached_tokens
-        ids = out.token_ids[:-1] if out.stopped_by_token else out.token_ids
-        parts = []
-        for i, token_id in enumerate(ids):
-            text = self._detok.feed(token_id)
-            self._produced += len(text)
-            if self._want_logprobs and out.logprobs is not None:
+        if out.stopped_by_token:
+            ids = ids[:-1]
+        detok = self._detok
+        if self._want_logprobs and out.logprobs is not None:
+            parts = []
+            for i, token_id in enumerate(ids):
+                text = detok.feed(token_id)
+                self._produced += len(text)
                 self._pending.append((self._produced, out.logprobs[i]))
-            parts.append(text)
-        events = self._release(self._stops.feed("".join(parts)) if parts else "")
-        if self._stops.stopped:
+                parts.append(text)
+            text = "".join(parts)
+        elif len(ids) == 1:             # the common case: one token per output
+            text = detok.feed(ids[0])
+            self._produced += len(text)
+        else:
+            text = "".join([detok.feed(token_id) for token_id in ids])
+            self._produced += len(text)
+        stops = self._stops
+        events = self._release(stops.feed(text)) if ids else []
+        if stops.stopped:
             return self._finish(events, "stop")
         if out.finish_reason is not None:
-            tail = self._detok.flush()
+            tail = detok.flush()
             self._produced += len(tail)
-            events += self._release(self._stops.feed(tail) + self._stops.flush())
-            reason = "stop" if self._stops.stopped else out.finish_reason
+            events += self._release(stops.feed(tail) + stops.flush())
+            reason = "stop" if stops.stopped else out.finish_reason
             return self._finish(events, reason)
         return events
 
