@@ -473,7 +473,7 @@ def compare(a: argparse.Namespace) -> None:
             mode = ["--mode", "plain"] if a.no_parsers else ["--mode", "parsers", "--reasoning",
                                                              "qwen3"]
             add("vllm", subprocess_rows(
-                [a.vllm_python, str(peer / "bench_vllm_frontend.py"), *mode, "--conc", a.conc,
+                [os.path.abspath(a.vllm_python), str(peer / "bench_vllm_frontend.py"), *mode, "--conc", a.conc,
                  "--tokens", str(a.tokens), "--total-tokens", str(a.total_tokens),
                  "--repeats", str(a.repeats)], peer))
         for name, root in zip(names, roots):

@@ -121,8 +121,56 @@ class ScriptedEngine:
             self.stats["waiting"] -= 1
             self.stats["running"] += 1
             self.stats["requests"] += 1
-            async for out in self._replay(request, place, self._script(request)):
-                yield out
+            # the replay, in this generator: one hop per output, not two
+            script = self._script(request)
+            params, produced, k = request.sampling, 0, request.logprobs
+            prompt_lp: list[TokenLogprob | None] | None = None
+            if request.prompt_logprobs is not None:
+                top = request.prompt_logprobs
+                prompt_lp = [None] + [TokenLogprob(t, 0.0, [(t, 0.0)][:top])
+                                      for t in request.prompt_token_ids[1:]]
+            if params.max_tokens <= 0:
+                yield EngineOutput([], None, "length", prompt_lp)
+                return
+            stops, eos, max_tokens = params.stop_token_ids, self._eos, params.max_tokens
+            eos_stops = not params.ignore_eos
+            per_step, delay, stats, sleep = self.tokens_per_step, self.delay, self.stats, asyncio.sleep
+            while True:
+                await sleep(delay)
+                if place.aborted:
+                    yield EngineOutput([], finish_reason="abort")
+                    return
+                step: list[int] = []
+                finish: FinishReason | None = None
+                if per_step == 1:               # the same as the loop below, for one token
+                    if produced < len(script):
+                        token = script[produced]
+                        step.append(token)
+                        produced += 1
+                        if token in stops or (token == eos and eos_stops):
+                            finish = "stop"
+                        elif produced >= max_tokens:
+                            finish = "length"
+                else:
+                    for token in script[produced:produced + per_step]:
+                        step.append(token)
+                        produced += 1
+                        if token in stops or (token == eos and eos_stops):
+                            finish = "stop"
+                        elif produced >= max_tokens:
+                            finish = "length"
+                        if finish:
+                            break
+                if not step:
+                    finish = "stop"
+                stats["generated_tokens"] += len(step)
+                logprobs = ([TokenLogprob(t, 0.0, [(t, 0.0)][:k]) for t in step]
+                            if k is not None else None)
+                yield EngineOutput(step, logprobs, finish, prompt_lp,
+                                   stopped_by_token=finish == "stop" and bool(step))
+                prompt_lp = None
+                if finish:
+                    return
         finally:
             self._leave(place)
 
@@ -142,44 +190,6 @@ class ScriptedEngine:
         for future in freed:
             if not future.done() and not future.get_loop().is_closed():
                 future.set_result(None)
-
-    async def _replay(self, request: EngineRequest, place: _Place, script: list[int]
-                      ) -> AsyncGenerator[EngineOutput, None]:
-        params, produced, k = request.sampling, 0, request.logprobs
-        prompt_lp: list[TokenLogprob | None] | None = None
-        if request.prompt_logprobs is not None:
-            top = request.prompt_logprobs
-            prompt_lp = [None] + [TokenLogprob(t, 0.0, [(t, 0.0)][:top])
-                                  for t in request.prompt_token_ids[1:]]
-        if params.max_tokens <= 0:
-            yield EngineOutput([], None, "length", prompt_lp)
-            return
-        while True:
-            await asyncio.sleep(self.delay)
-            if place.aborted:
-                yield EngineOutput([], finish_reason="abort")
-                return
-            step: list[int] = []
-            finish: FinishReason | None = None
-            for token in script[produced:produced + self.tokens_per_step]:
-                step.append(token)
-                produced += 1
-                if token in params.stop_token_ids or (token == self._eos and not params.ignore_eos):
-                    finish = "stop"
-                elif produced >= params.max_tokens:
-                    finish = "length"
-                if finish:
-                    break
-            if not step:
-                finish = "stop"
-            self.stats["generated_tokens"] += len(step)
-            logprobs = ([TokenLogprob(t, 0.0, [(t, 0.0)][:k]) for t in step]
-                        if k is not None else None)
-            yield EngineOutput(step, logprobs, finish, prompt_lp,
-                               stopped_by_token=finish == "stop" and bool(step))
-            prompt_lp = None
-            if finish:
-                return
 
     async def abort(self, request_id: str) -> None:
         place = self._places.get(request_id)
