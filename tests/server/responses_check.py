@@ -9,6 +9,11 @@ from pydantic import TypeAdapter
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+# an MCP item's own events, in the order OpenAI sends them (equal ranks: one or the other)
+MCP_STEPS = {"response.mcp_call_arguments.delta": 0, "response.mcp_call_arguments.done": 1,
+             "response.mcp_call.in_progress": 2, "response.mcp_call.completed": 3,
+             "response.mcp_call.failed": 3, "response.mcp_list_tools.in_progress": 0,
+             "response.mcp_list_tools.completed": 1, "response.mcp_list_tools.failed": 1}
 
 
 def sse_events(body: str) -> list[dict]:
@@ -52,6 +57,34 @@ def check_stream(events: list[dict], *, first_seq: int = 0, whole: bool = True) 
             assert open_items.get(e["output_index"]) == e["item_id"], e
     if whole:
         assert not open_items and not open_parts           # every added has its done
+        check_mcp(events)
     final = events[-1]["response"]
     Response.model_validate(final)
     return final
+
+
+def check_mcp(events: list[dict]) -> None:
+    """MCP items: listing in_progress -> completed | failed, and a call's arguments ->
+    in_progress -> completed | failed, each once and in order, before the item's done; the
+    done item agrees with the outcome."""
+    steps: dict[str, list[str]] = {}
+    for e in events:
+        if e["type"] in MCP_STEPS:
+            seen = steps.setdefault(e["item_id"], [])
+            if seen and e["type"] != "response.mcp_call_arguments.delta":
+                assert MCP_STEPS[e["type"]] > MCP_STEPS[seen[-1]], (seen, e["type"])
+            seen.append(e["type"])
+        elif e["type"] == "response.output_item.done":
+            item, seen = e["item"], steps.get(e["item"]["id"], [])
+            if item["type"] == "mcp_list_tools":
+                outcome = "failed" if item.get("error") else "completed"
+                assert seen == ["response.mcp_list_tools.in_progress",
+                                f"response.mcp_list_tools.{outcome}"], seen
+            elif item["type"] == "mcp_call" and item.get("status") in ("completed", "failed"):
+                assert seen[-3:] == ["response.mcp_call_arguments.done",
+                                     "response.mcp_call.in_progress",
+                                     f"response.mcp_call.{item['status']}"], seen
+                assert (item.get("error") is None) == (item["status"] == "completed")
+            elif item["type"] == "mcp_call":             # cut short: no outcome
+                assert not {"response.mcp_call.completed", "response.mcp_call.failed"} & set(
+                    seen), seen
