@@ -1,0 +1,96 @@
+"""MCP tools on the real default model: ``podium serve --mcp-allow`` runs a real MCP server's
+tools (the ``mcp`` SDK's own, in-process on a free port) in the loop, through the openai SDK."""
+
+import json
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import Response
+
+from tests.e2e.conftest import MODEL, podium_serve
+from tests.server.responses_check import check_stream, sse_events
+from tests.server.test_mcp import _serve, make_server
+
+
+@pytest.fixture(scope="module")
+def mcp_url():
+    server, port = _serve(make_server().streamable_http_app())
+    yield f"http://127.0.0.1:{port}/mcp"
+    server.should_exit = True
+
+
+@pytest.fixture(scope="module")
+def podium(mcp_url):
+    with podium_serve("--ctx-size", "4096", "--log-level", "warning",
+                      "--mcp-allow", mcp_url, "--mcp-timeout", "5") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(podium):
+    client = openai.OpenAI(base_url=f"{podium}/v1", api_key="unused", max_retries=0)
+    yield client
+    client.close()
+
+
+def calc(url, **extra):
+    return {"type": "mcp", "server_label": "calc", "server_url": url,
+            "allowed_tools": ["add", "echo", "fail"], **extra}
+
+
+def forced(name):
+    return {"type": "mcp", "server_label": "calc", "name": name}
+
+
+QUESTION = "What is 1234 + 4321? Use the add tool, then say the result."
+
+
+def test_the_loop_runs_and_the_output_reaches_the_answer(client, podium, mcp_url):
+    # One call, then a round offered no tools (max_tool_calls): a 0.5B model left to itself
+    # calls again and again. 5555 is in no prompt but the tool's output.
+    body = {"model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": 40,
+            "tools": [calc(mcp_url, require_approval="never")], "tool_choice": forced("add"),
+            "max_tool_calls": 1}
+    plain = client.responses.create(**body)
+    kinds = [item.type for item in plain.output]
+    assert kinds == ["mcp_list_tools", "mcp_call", "message"], kinds
+    made = plain.output[1]
+    assert made.name == "add" and made.output == "5555" and made.error is None
+    assert json.loads(made.arguments) == {"a": 1234, "b": 4321}
+    assert "5555" in plain.output_text.replace(",", "")
+    r = httpx.post(f"{podium}/v1/responses", json=dict(body, stream=True), timeout=300)
+    final = check_stream(sse_events(r.text))
+    assert [i["type"] for i in final["output"]] == kinds
+    assert final["output"][-1]["content"][0]["text"] == plain.output_text
+    assert final["usage"]["output_tokens"] == plain.usage.output_tokens
+
+
+def test_approval_then_approve_and_a_failing_call(client, mcp_url):
+    tools = [calc(mcp_url)]         # require_approval unset: "always", as OpenAI's API
+    first = client.responses.create(model=MODEL, input=QUESTION, tools=tools, temperature=0,
+                                    tool_choice=forced("add"), max_output_tokens=40)
+    assert [i.type for i in first.output] == ["mcp_list_tools", "mcp_approval_request"]
+    request = first.output[1]
+    second = client.responses.create(
+        model=MODEL, previous_response_id=first.id, tools=tools, temperature=0,
+        max_output_tokens=40, max_tool_calls=1, input=[{"type": "mcp_approval_response", "approve": True,
+                                      "approval_request_id": request.id}])
+    assert second.output[0].type == "mcp_call" and second.output[0].output == "5555"
+    assert second.output[0].approval_request_id == request.id
+    assert not any(i.type == "mcp_list_tools" for i in second.output)    # reused
+    failing = client.responses.create(
+        model=MODEL, input="Call the fail tool with why='test'.", temperature=0,
+        tools=[calc(mcp_url, require_approval="never")], tool_choice=forced("fail"),
+        max_output_tokens=40, max_tool_calls=1)
+    Response.model_validate(failing.model_dump())
+    failed = next(i for i in failing.output if i.type == "mcp_call")
+    assert failed.status == "failed" and failed.error is not None and failed.output is None
+
+
+def test_a_server_outside_the_allow_list_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="hi", tools=[
+            calc("http://127.0.0.1:1/elsewhere", require_approval="never")])
+    assert caught.value.body["param"] == "tools[0].server_url"
+    assert "--mcp-allow" in caught.value.body["message"]
