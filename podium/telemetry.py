@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 access_log = logging.getLogger("podium.access")
 
@@ -77,12 +76,17 @@ class LoopHistogram:
         total = 0
         for bound, count in zip(self.bounds, self.counts):
             total += count
-            metric.add_sample(self.name + "_bucket", {"le": floatToGoString(bound)}, total)
+            metric.add_sample(self.name + "_bucket", {"le": _bound(bound)}, total)
         metric.add_sample(self.name + "_count", {}, total)
         metric.add_sample(self.name + "_sum", {}, self.sum[0])
         created = Metric(self.name + "_created", self.doc, "gauge")
         created.add_sample(self.name + "_created", {}, self.created)
         return [metric, created]
+
+
+def _bound(bound: float) -> str:
+    """A bucket's ``le`` label as prometheus-client writes it (``0.001``, ``1.0``, ``+Inf``)."""
+    return "+Inf" if bound == math.inf else repr(bound)
 
 
 class LoopCounter:
