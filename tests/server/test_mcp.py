@@ -11,6 +11,7 @@ import pytest
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from openai.types.responses import Response
 
 from podium.api.responses.mcp import allowed_by, cap
@@ -37,7 +38,7 @@ def make_server() -> MCPServer:
         """Add two integers."""
         return a + b
 
-    @server.tool()
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     def echo(text: str) -> str:
         """Say the text back."""
         return text
@@ -204,6 +205,18 @@ def test_listing_filtered_and_offered_to_the_model(app, mcp_url):
     kinds = [e["type"] for e in events if e.get("output_index") == 0]
     assert kinds == ["response.output_item.added", "response.mcp_list_tools.in_progress",
                      "response.mcp_list_tools.completed", "response.output_item.done"]
+
+
+def test_read_only_filters_use_the_servers_annotations(app, mcp_url):
+    c = app([call("echo", text="hi"), "Said hi."])
+    only = tool(mcp_url, allowed_tools={"read_only": True})
+    body = c.post(URL, json=ask(mcp_url, tools=[only])).json()
+    assert [t["name"] for t in body["output"][0]["tools"]] == ["echo"]
+    assert body["output"][0]["tools"][0]["annotations"]["readOnlyHint"] is True
+    c = app([call("echo", text="hi"), "Said hi."])
+    never_read_only = tool(mcp_url, require_approval={"never": {"read_only": True}})
+    body = c.post(URL, json=ask(mcp_url, tools=[never_read_only])).json()
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message"]
 
 
 def test_a_failed_listing_is_an_item_with_its_error(app, mcp_url):

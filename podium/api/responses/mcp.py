@@ -210,7 +210,8 @@ class Session:
                 if t.description:
                     item["description"] = t.description
                 if t.annotations is not None:
-                    item["annotations"] = t.annotations.model_dump(exclude_none=True)
+                    item["annotations"] = t.annotations.model_dump(by_alias=True,   # camelCase
+                                                                   exclude_none=True)
                 out.append(item)
             return out
         return await self._bounded(listing(), "listing its tools")
