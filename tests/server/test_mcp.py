@@ -84,6 +84,14 @@ def mcp_url():
     server.should_exit = True
 
 
+@pytest.fixture(scope="module")
+def sse_url():
+    """The same tools over the older HTTP+SSE transport."""
+    server, port = _serve(make_server().sse_app())
+    yield f"http://127.0.0.1:{port}/sse"
+    server.should_exit = True
+
+
 @pytest.fixture
 def app(app_for, mcp_url):  # noqa: F811
     def build(replies, **settings):
@@ -217,6 +225,12 @@ def test_read_only_filters_use_the_servers_annotations(app, mcp_url):
     never_read_only = tool(mcp_url, require_approval={"never": {"read_only": True}})
     body = c.post(URL, json=ask(mcp_url, tools=[never_read_only])).json()
     assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+
+
+def test_a_server_with_sse_only_is_reached_over_sse(app, sse_url):
+    c = app([call("add", a=20, b=22), "42."], mcp_allow=[sse_url])
+    body, _ = both(c, ask(sse_url, tools=[tool(sse_url)]))
+    assert body["output"][0]["error"] is None and body["output"][1]["output"] == "42"
 
 
 def test_a_failed_listing_is_an_item_with_its_error(app, mcp_url):

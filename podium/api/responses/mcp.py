@@ -170,24 +170,43 @@ class Session:
         self._task = asyncio.create_task(self._hold(), name=f"podium-mcp-{server.label}")
 
     async def _hold(self) -> None:
+        """Connect (streamable HTTP; the older HTTP+SSE transport when that fails), then
+        hold the session open until ``close``."""
         import httpx2
         from mcp import Client
+        from mcp.client.sse import sse_client
         from mcp.client.streamable_http import streamable_http_client
 
+        def streamable() -> Any:
+            return streamable_http_client(self.server.url, http_client=http)
+
+        def sse() -> Any:
+            return sse_client(self.server.url, headers=self.server.headers,
+                              timeout=self._timeout)
+
+        failures: list[str] = []
         try:
             async with httpx2.AsyncClient(headers=self.server.headers,
                                           timeout=self._timeout) as http:
-                async with Client(streamable_http_client(self.server.url, http_client=http),
-                                  read_timeout_seconds=self._timeout) as client:
-                    self._client = client
-                    self._ready.set_result(None)
-                    await self._done.wait()
+                for name, transport in (("streamable HTTP", streamable), ("SSE", sse)):
+                    try:
+                        async with Client(transport(),
+                                          read_timeout_seconds=self._timeout) as client:
+                            self._client = client
+                            self._ready.set_result(None)
+                            await self._done.wait()
+                            return
+                    except Exception as exc:  # noqa: BLE001 - the next transport, or the end
+                        if self._ready.done():
+                            raise
+                        failures.append(f"{name}: {_describe(exc)}")
+                raise McpError("could not connect (" + "; ".join(failures) + ")")
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the session
             if not self._ready.done():
                 self._ready.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
-            log.info("MCP session %s ended: %s", self.server.label, exc)
+            log.info("MCP session %s ended: %s", self.server.label, _describe(exc))
 
     async def _connected(self) -> Any:
         await asyncio.shield(self._ready)
