@@ -16,6 +16,7 @@ from openai.types.responses import Response
 
 from podium.api.responses.mcp import allowed_by, cap
 from podium.api.responses.runner import MAX_ROUNDS
+from podium.render.responses import recover
 from podium.settings import Settings
 from tests.conftest import SERVED
 from tests.server.responses_check import check_stream, sse_events
@@ -478,3 +479,49 @@ def test_calls_of_a_round_cut_by_max_output_tokens_are_not_run(app, mcp_url):
     assert [i["status"] for i in made] == ["incomplete"]
     assert all(i.get("output") is None for i in made)
     assert len(c.engine.requests) == 1
+
+
+def test_a_log_cut_mid_call_recovers_the_call_incomplete(app, mcp_url):
+    """A crash while a call ran: the log's fold keeps the call, incomplete, closed."""
+    c = app([call("slow", seconds=5), "never"])
+    events = []
+    with c.stream("POST", URL, json=ask(mcp_url, stream=True)) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] == "response.mcp_call.in_progress":
+                    break
+    output, closing = recover(events)
+    assert [i["type"] for i in output] == ["mcp_list_tools", "mcp_call"]
+    assert output[1]["status"] == "incomplete" and output[1]["name"] == "slow"
+    assert json.loads(output[1]["arguments"]) == {"seconds": 5}
+    assert [e["type"] for e in closing] == ["response.output_item.done"]
+
+
+def _needs_key(app, key):
+    async def guarded(scope, receive, send):
+        headers = dict(scope.get("headers") or ())
+        if scope["type"] == "http" and headers.get(b"authorization") != f"Bearer {key}".encode():
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b"no"})
+            return
+        await app(scope, receive, send)
+    return guarded
+
+
+def test_authorization_and_headers_reach_the_server(app):
+    mcp_app = make_server().streamable_http_app()
+    server, port = _serve(_needs_key(mcp_app, "s3cret"))
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        c = app([call("add", a=1, b=2), "3."], mcp_allow=[url])
+        body = c.post(URL, json=ask(url, tools=[tool(url, authorization="s3cret")])).json()
+        assert body["output"][0]["error"] is None and body["output"][1]["output"] == "3"
+        c = app(["No tools."], mcp_allow=[url])
+        body = c.post(URL, json=ask(url, tools=[tool(
+            url, headers={"Authorization": "Bearer s3cret"})])).json()
+        assert body["output"][0]["error"] is None
+        body = c.post(URL, json=ask(url, tools=[tool(url, authorization="wrong")])).json()
+        assert body["output"][0]["error"] and body["output"][-1]["type"] == "message"
+    finally:
+        server.should_exit = True
