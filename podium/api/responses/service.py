@@ -183,10 +183,10 @@ class ResponsesService:
             """The model's next round, on the conversation extended by ``output``."""
             later = dataclasses.replace(options, tool_choice="none" if quiet else "auto")
             done = as_input(output)
-            again = await off_loop(self._prepare_fitting, req, history + items + done,
-                                   wheres + ["output"] * len(done), tools, later)
-            start(self._engine, [again.choices[0]])
-            return again.choices[0]
+            following = await off_loop(self._prepare_fitting, req, history + items + done,
+                                       wheres + ["output"] * len(done), tools, later)
+            start(self._engine, [following.choices[0]])
+            return following.choices[0]
 
         return Plan(response, req.previous_response_id, items, prepared.prompt_tokens,
                     None if approved else prepared.choices[0], tools, options.logprobs,
@@ -205,7 +205,7 @@ class ResponsesService:
 
         async def listing(server: mcp.Server) -> dict[str, Any]:
             item: dict[str, Any] = {"id": new_item_id("mcpl"), "type": "mcp_list_tools",
-                    "server_label": server.label, "tools": [], "error": None}
+                                    "server_label": server.label, "tools": [], "error": None}
             try:
                 item["tools"] = [t for t in await sessions.session(server.label).list_tools()
                                  if server.allows(t)]
