@@ -525,3 +525,16 @@ def test_authorization_and_headers_reach_the_server(app):
         assert body["output"][0]["error"] and body["output"][-1]["type"] == "message"
     finally:
         server.should_exit = True
+
+
+def test_a_conversation_keeps_the_calls_and_the_listing(app, mcp_url):
+    c = app([call("add", a=2, b=3), "5.", "Still 5."])
+    conversation = c.post("/v1/conversations", json={}).json()["id"]
+    first = c.post(URL, json=ask(mcp_url, conversation=conversation)).json()
+    assert [i["type"] for i in first["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    items = c.get(f"/v1/conversations/{conversation}/items?order=asc").json()["data"]
+    assert [i["type"] for i in items] == ["message", "mcp_list_tools", "mcp_call", "message"]
+    second = c.post(URL, json=ask(mcp_url, conversation=conversation, input="Again?")).json()
+    assert [i["type"] for i in second["output"]] == ["message"]     # the listing reused
+    prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
+    assert "<tool_call>add" in prompt and "\ntool\n5" in prompt
