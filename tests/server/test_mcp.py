@@ -538,3 +538,22 @@ def test_a_conversation_keeps_the_calls_and_the_listing(app, mcp_url):
     assert [i["type"] for i in second["output"]] == ["message"]     # the listing reused
     prompt = c.engine.tokenizer.decode(c.engine.requests[-1].prompt_token_ids)
     assert "<tool_call>add" in prompt and "\ntool\n5" in prompt
+
+
+def test_an_idle_session_closes_and_a_later_call_reconnects(mcp_url, monkeypatch):
+    from podium.api.responses import mcp
+
+    monkeypatch.setattr(mcp, "IDLE_TIMEOUTS", 1)
+
+    async def scenario():
+        sessions = mcp.Sessions([mcp.Server("calc", mcp_url, "tools[0]")], 0.3, 1000)
+        first = sessions.session("calc")
+        assert await sessions.call("calc", "add", '{"a": 1, "b": 1}') == ("2", None)
+        await asyncio.sleep(1)              # unused past its idle time: closed
+        assert first.ended
+        assert await sessions.call("calc", "add", '{"a": 2, "b": 2}') == ("4", None)
+        assert sessions.session("calc") is not first
+        await sessions.close()
+        assert sessions.session("calc").ended is False     # a fresh one, closed below
+        await sessions.close()
+    asyncio.run(scenario())

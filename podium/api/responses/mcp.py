@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 TRUNCATED = "\n[output truncated by Podium: {kept} of {total} characters]"
+IDLE_TIMEOUTS = 10              # a session unused this many --mcp-timeout is closed
 TIMEOUT_CODE = -32001           # JSON-RPC "request timed out", as MCP clients report it
 
 
@@ -167,6 +169,7 @@ class Session:
         self._client: Any = None
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._done = asyncio.Event()
+        self._used = time.monotonic()
         self._task = asyncio.create_task(self._hold(), name=f"podium-mcp-{server.label}")
 
     async def _hold(self) -> None:
@@ -194,7 +197,7 @@ class Session:
                                           read_timeout_seconds=self._timeout) as client:
                             self._client = client
                             self._ready.set_result(None)
-                            await self._done.wait()
+                            await self._idle()
                             return
                     except Exception as exc:  # noqa: BLE001 - the next transport, or the end
                         if self._ready.done():
@@ -208,7 +211,25 @@ class Session:
                 raise
             log.info("MCP session %s ended: %s", self.server.label, _describe(exc))
 
+    async def _idle(self) -> None:
+        """Until ``close``, or until unused for ``IDLE_TIMEOUTS`` timeouts (a response whose
+        run never began cannot leave a session open for ever; a later call reconnects)."""
+        idle = IDLE_TIMEOUTS * self._timeout
+        while True:
+            try:
+                await asyncio.wait_for(self._done.wait(), idle)
+                return
+            except asyncio.TimeoutError:
+                if time.monotonic() - self._used >= idle:
+                    log.info("MCP session %s closed: unused for %g s", self.server.label, idle)
+                    return
+
+    @property
+    def ended(self) -> bool:
+        return self._task.done()
+
     async def _connected(self) -> Any:
+        self._used = time.monotonic()
         await asyncio.shield(self._ready)
         return self._client
 
@@ -297,7 +318,7 @@ class Sessions:
         self._open: dict[str, Session] = {}
 
     def session(self, label: str) -> Session:
-        if label not in self._open:
+        if label not in self._open or self._open[label].ended:
             self._open[label] = Session(self.servers[label], self._timeout)
         return self._open[label]
 
