@@ -240,6 +240,16 @@ class ResponseBuilder:
         in ``calls``, run: ``mcp_running`` and ``mcp_result`` follow each)."""
         return self._close()
 
+    def cut_call(self) -> list[Obj]:
+        """A round cut by its token limit: an MCP call that is the round's last item may be
+        cut short, so it is not run (``incomplete``); calls the model went on from are
+        whole."""
+        if not self.calls or self.calls[-1][0] != self._index():
+            return []
+        index, item = self.calls.pop()
+        item["status"] = "incomplete"
+        return [{"type": "response.output_item.done", "output_index": index, "item": item}]
+
     def mcp_running(self, index: int, item: Obj) -> list[Obj]:
         return [{"type": "response.mcp_call.in_progress", "item_id": item["id"],
                  "output_index": index}]

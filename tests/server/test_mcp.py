@@ -481,6 +481,15 @@ def test_calls_of_a_round_cut_by_max_output_tokens_are_not_run(app, mcp_url):
     assert len(c.engine.requests) == 1
 
 
+def test_a_whole_call_before_the_cut_runs(app, mcp_url):
+    c = app([call("add", a=2, b=3) + " and then a great many words" * 20, "5."])
+    body, _ = both(c, ask(mcp_url, max_output_tokens=40))
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message",
+                                                   "message"]
+    assert body["output"][1]["output"] == "5"
+    assert body["status"] == "completed"
+
+
 def test_a_log_cut_mid_call_recovers_the_call_incomplete(app, mcp_url):
     """A crash while a call ran: the log's fold keeps the call, incomplete, closed."""
     c = app([call("slow", seconds=5), "never"])

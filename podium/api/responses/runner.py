@@ -100,7 +100,8 @@ class Run:
                     for out in seq.stamp(builder.end_round()):
                         yield out
                 if finish is not None and finish.reason == "length":
-                    break           # its calls may be cut short: not run (incomplete)
+                    for out in seq.stamp(builder.cut_call()):
+                        yield out
                 pending = list(builder.calls)
                 for index, item in pending:
                     for out in seq.stamp(builder.mcp_running(index, item)):
