@@ -2,13 +2,19 @@
 tools (the ``mcp`` SDK's own, in-process on a free port) in the loop, through the openai SDK."""
 
 import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from openai.types.responses import Response
 
-from tests.e2e.conftest import MODEL, podium_serve
+from tests.e2e.conftest import MODEL, _free_port, podium_serve
 from tests.server.responses_check import check_stream, sse_events
 from tests.server.test_mcp import _serve, make_server
 
@@ -20,11 +26,47 @@ def mcp_url():
     server.should_exit = True
 
 
+# A server Podium did not write: the MCP project's reference server, in streamable HTTP mode
+EVERYTHING_VERSION = "2026.8.31"
+EVERYTHING_PORT = _free_port()
+EVERYTHING_URL = f"http://127.0.0.1:{EVERYTHING_PORT}/mcp"
+
+
 @pytest.fixture(scope="module")
 def podium(mcp_url):
-    with podium_serve("--ctx-size", "4096", "--log-level", "warning",
-                      "--mcp-allow", mcp_url, "--mcp-timeout", "5") as url:
+    with podium_serve("--ctx-size", "4096", "--log-level", "warning", "--mcp-allow", mcp_url,
+                      "--mcp-allow", EVERYTHING_URL, "--mcp-timeout", "5") as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def everything():
+    """``@modelcontextprotocol/server-everything`` (pinned, installed once into the cache)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache / "podium-tests" / f"mcp-server-everything-{EVERYTHING_VERSION}"
+    binary = root / "node_modules" / ".bin" / "mcp-server-everything"
+    if not binary.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.fail("The server-everything test needs npm (Debian: apt-get install npm)")
+        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
+                        f"@modelcontextprotocol/server-everything@{EVERYTHING_VERSION}"],
+                       check=True, timeout=600, capture_output=True)
+    proc = subprocess.Popen([str(binary), "streamableHttp"],
+                            env={**os.environ, "PORT": str(EVERYTHING_PORT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, "server-everything exited"
+        try:
+            socket.create_connection(("127.0.0.1", EVERYTHING_PORT), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "server-everything did not start"
+            time.sleep(0.2)
+    yield EVERYTHING_URL
+    proc.terminate()
+    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +136,25 @@ def test_a_server_outside_the_allow_list_is_a_400(client):
             calc("http://127.0.0.1:1/elsewhere", require_approval="never")])
     assert caught.value.body["param"] == "tools[0].server_url"
     assert "--mcp-allow" in caught.value.body["message"]
+
+
+def test_a_foreign_server_lists_and_runs_echo_and_get_sum(client, everything):
+    tools = [{"type": "mcp", "server_label": "everything", "server_url": everything,
+              "require_approval": "never", "allowed_tools": ["echo", "get-sum"]}]
+    echo = client.responses.create(
+        model=MODEL, input="Echo the message 'podium'.", tools=tools, temperature=0,
+        tool_choice={"type": "mcp", "server_label": "everything", "name": "echo"},
+        max_output_tokens=60, max_tool_calls=1)
+    listing = echo.output[0]
+    assert listing.type == "mcp_list_tools" and listing.error is None
+    assert sorted(t.name for t in listing.tools) == ["echo", "get-sum"]
+    made = echo.output[1]
+    assert made.type == "mcp_call" and made.name == "echo" and made.error is None
+    assert made.output == f"Echo: {json.loads(made.arguments)['message']}"
+    total = client.responses.create(
+        model=MODEL, input="What is 2 + 40?", tools=tools, temperature=0,
+        tool_choice={"type": "mcp", "server_label": "everything", "name": "get-sum"},
+        max_output_tokens=60, max_tool_calls=1)
+    made = next(i for i in total.output if i.type == "mcp_call")
+    assert made.name == "get-sum" and json.loads(made.arguments) == {"a": 2, "b": 40}
+    assert made.output == "The sum of 2 and 40 is 42."
