@@ -30,12 +30,14 @@ def mcp_url():
 EVERYTHING_VERSION = "2026.8.31"
 EVERYTHING_PORT = _free_port()
 EVERYTHING_URL = f"http://127.0.0.1:{EVERYTHING_PORT}/mcp"
+DEAD_URL = f"http://127.0.0.1:{_free_port()}/mcp"       # allowed, but nothing listens there
 
 
 @pytest.fixture(scope="module")
 def podium(mcp_url):
     with podium_serve("--ctx-size", "4096", "--log-level", "warning", "--mcp-allow", mcp_url,
-                      "--mcp-allow", EVERYTHING_URL, "--mcp-timeout", "5") as url:
+                      "--mcp-allow", EVERYTHING_URL, "--mcp-allow", DEAD_URL,
+                      "--mcp-timeout", "5") as url:
         yield url
 
 
@@ -158,3 +160,40 @@ def test_a_foreign_server_lists_and_runs_echo_and_get_sum(client, everything):
     made = next(i for i in total.output if i.type == "mcp_call")
     assert made.name == "get-sum" and json.loads(made.arguments) == {"a": 2, "b": 40}
     assert made.output == "The sum of 2 and 40 is 42."
+
+
+def test_denial_and_a_failing_listing(client, mcp_url):
+    tools = [calc(mcp_url, require_approval="always"),
+             {"type": "mcp", "server_label": "dead", "server_url": DEAD_URL,
+              "require_approval": "never"}]
+    first = client.responses.create(model=MODEL, input=QUESTION, tools=tools, temperature=0,
+                                    tool_choice=forced("add"), max_output_tokens=40)
+    dead = next(i for i in first.output if i.server_label == "dead")
+    assert dead.type == "mcp_list_tools" and dead.error and dead.tools == []
+    request = first.output[-1]
+    assert request.type == "mcp_approval_request"
+    denied = client.responses.create(
+        model=MODEL, previous_response_id=first.id, tools=tools, temperature=0,
+        max_output_tokens=40, max_tool_calls=1, input=[{
+            "type": "mcp_approval_response", "approve": False, "reason": "not now",
+            "approval_request_id": request.id}])
+    assert denied.status in ("completed", "incomplete")
+    assert not any(i.type == "mcp_call" and i.output is not None for i in denied.output)
+
+
+def test_cancel_during_a_slow_call(client, podium, mcp_url):
+    rid = client.responses.create(
+        model=MODEL, input="Sleep for 4 seconds with the slow tool.", background=True,
+        tools=[calc(mcp_url, require_approval="never", allowed_tools=["slow"])],
+        tool_choice=forced("slow"), max_output_tokens=40).id
+    with httpx.stream("GET", f"{podium}/v1/responses/{rid}?stream=true", timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"response.mcp_call.in_progress"' in line:
+                break
+    cancelled = client.responses.cancel(rid)
+    assert cancelled.status == "cancelled"
+    made = next(i for i in cancelled.output if i.type == "mcp_call")
+    assert made.status == "incomplete" and made.output is None
+    events = sse_events(httpx.get(f"{podium}/v1/responses/{rid}?stream=true",
+                                  timeout=30).text)
+    assert check_stream(events)["status"] == "cancelled"
