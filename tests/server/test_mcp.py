@@ -566,3 +566,21 @@ def test_an_idle_session_closes_and_a_later_call_reconnects(mcp_url, monkeypatch
         assert sessions.session("calc").ended is False     # a fresh one, closed below
         await sessions.close()
     asyncio.run(scenario())
+
+
+def test_a_redirect_off_the_allowed_origin_is_not_followed(app, mcp_url):
+    async def redirect(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 307,
+                    "headers": [(b"location", mcp_url.encode())]})
+        await send({"type": "http.response.body", "body": b""})
+    server, port = _serve(redirect)
+    try:
+        url = f"http://localhost:{port}/mcp"        # allowed; it sends elsewhere
+        c = app(["No tools."], mcp_allow=[url])
+        body = c.post(URL, json=ask(url, tools=[tool(url)])).json()
+        assert body["output"][0]["error"] and body["output"][0]["tools"] == []
+        assert body["output"][-1]["type"] == "message"
+    finally:
+        server.should_exit = True
