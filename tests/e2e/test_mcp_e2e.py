@@ -118,8 +118,9 @@ def test_approval_then_approve_and_a_failing_call(client, mcp_url):
     request = first.output[1]
     second = client.responses.create(
         model=MODEL, previous_response_id=first.id, tools=tools, temperature=0,
-        max_output_tokens=40, max_tool_calls=1, input=[{"type": "mcp_approval_response", "approve": True,
-                                      "approval_request_id": request.id}])
+        max_output_tokens=40, max_tool_calls=1,
+        input=[{"type": "mcp_approval_response", "approve": True,
+                "approval_request_id": request.id}])
     assert second.output[0].type == "mcp_call" and second.output[0].output == "5555"
     assert second.output[0].approval_request_id == request.id
     assert not any(i.type == "mcp_list_tools" for i in second.output)    # reused
