@@ -584,3 +584,30 @@ def test_a_redirect_off_the_allowed_origin_is_not_followed(app, mcp_url):
         assert body["output"][-1]["type"] == "message"
     finally:
         server.should_exit = True
+
+
+@pytest.fixture(scope="module")
+def redirecting_url():
+    """An MCP server whose allowed-looking endpoint redirects (307, same origin) to a path
+    outside the allowed prefix."""
+    inner = make_server().streamable_http_app()
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/open/mcp":
+            await send({"type": "http.response.start", "status": 307,
+                        "headers": [(b"location", b"/mcp"), (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await inner(scope, receive, send)
+
+    server, port = _serve(app)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+
+
+def test_a_redirect_outside_the_allowed_prefix_is_not_followed(app_for, redirecting_url):  # noqa: F811
+    c = app_for(["unused"], template=TEMPLATE, mcp_allow=[f"{redirecting_url}/open"])
+    body = c.post(URL, json=ask(f"{redirecting_url}/open/mcp")).json()
+    listing = body["output"][0]
+    assert listing["type"] == "mcp_list_tools" and listing["tools"] == []
+    assert "outside --mcp-allow" in listing["error"]

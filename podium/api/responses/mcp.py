@@ -44,6 +44,7 @@ class Server:
     read_only: bool = False                 # allowed_tools.read_only: annotated tools only
     approval: Any = "always"                # "always" | "never" | {always, never}
     description: str | None = None
+    allow: tuple[str, ...] = ()             # the operator's --mcp-allow prefixes
 
     def allows(self, tool: Obj) -> bool:
         if self.allowed is not None and tool["name"] not in self.allowed:
@@ -147,7 +148,7 @@ def servers(tools: list[Obj] | None, allow: list[str]) -> list[Server]:
                                       '{always, never}', param=f"{where}.require_approval")
         found.append(Server(label, url, where, headers,
                             set(allowed) if allowed is not None else None, read_only,
-                            approval, tool.get("server_description")))
+                            approval, tool.get("server_description"), tuple(allow)))
     return found
 
 
@@ -183,14 +184,24 @@ class Session:
         def streamable() -> Any:
             return streamable_http_client(self.server.url, http_client=http)
 
+        allow = self.server.allow
+
+        async def inside(request: Any) -> None:
+            """Every request, a followed redirect's too, stays under an allowed prefix."""
+            if allow and not allowed_by(str(request.url), list(allow)):
+                raise McpError(f"refused a request to {request.url}: outside --mcp-allow")
+
+        def client(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+            return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth,
+                                      event_hooks={"request": [inside]})
+
         def sse() -> Any:
             return sse_client(self.server.url, headers=self.server.headers,
-                              timeout=self._timeout)
+                              timeout=self._timeout, httpx_client_factory=client)
 
         failures: list[str] = []
         try:
-            async with httpx2.AsyncClient(headers=self.server.headers,
-                                          timeout=self._timeout) as http:
+            async with client(self.server.headers, self._timeout) as http:
                 for name, transport in (("streamable HTTP", streamable), ("SSE", sse)):
                     try:
                         async with Client(transport(),
