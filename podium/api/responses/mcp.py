@@ -187,21 +187,23 @@ class Session:
         allow = self.server.allow
 
         async def inside(request: Any) -> None:
-            """Every request, a followed redirect's too, stays under an allowed prefix."""
+            """Every streamable-HTTP request, a followed redirect's too, stays under an
+            allowed prefix. (Over SSE the server names the endpoint messages go to; the SDK
+            keeps that on the stream's origin.)"""
             if allow and not allowed_by(str(request.url), list(allow)):
                 raise McpError(f"refused a request to {request.url}: outside --mcp-allow")
 
-        def client(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+        def fenced(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
             return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth,
                                       event_hooks={"request": [inside]})
 
         def sse() -> Any:
             return sse_client(self.server.url, headers=self.server.headers,
-                              timeout=self._timeout, httpx_client_factory=client)
+                              timeout=self._timeout)
 
         failures: list[str] = []
         try:
-            async with client(self.server.headers, self._timeout) as http:
+            async with fenced(self.server.headers, self._timeout) as http:
                 for name, transport in (("streamable HTTP", streamable), ("SSE", sse)):
                     try:
                         async with Client(transport(),
