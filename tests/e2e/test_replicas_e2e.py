@@ -1,7 +1,7 @@
 """Two real ``podium serve`` replicas (A and B) on the default model, one PostgreSQL database
 and one secret key, driven by the openai SDK: a background response on A followed live from
 B and cancelled through B; a previous_response_id chain that alternates; a delete on B seen
-by A; and a third replica killed with SIGKILL mid-generation, whose responses B fails once
+by A; reasoning sealed by A accepted by B (a tampered seal refused); and a third replica killed with SIGKILL mid-generation, whose responses B fails once
 their leases lapse, closing their logs and its followers' streams. Without PostgreSQL these
 tests skip, saying so in one line."""
 
@@ -22,6 +22,8 @@ from tests.store.conftest import postgres_url
 
 LEASE = 3.0
 COUNT = "Count from 1 to 300, one number per line, and nothing else."
+THINK = ("Start your reply with the literal text <think> and write your reasoning, then write "
+         "</think> and the final answer. What is 2+2?")
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +32,11 @@ def database():
 
 
 def replica_args(database: str) -> tuple[str, ...]:
+    # --reasoning-parser think: the default model's answer to THINK is reasoning, which A
+    # seals and B must accept (it has no reasoning format of its own)
     return ("--store-url", database, "--secret-key", "shared-by-the-replicas",
             "--response-lease-seconds", str(LEASE), "--ctx-size", "2048",
-            "--log-level", "warning")
+            "--reasoning-parser", "think", "--log-level", "warning")
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +125,26 @@ def test_a_chain_alternates_between_replicas_and_a_delete_on_b_is_seen_by_a(repl
     with pytest.raises(openai.NotFoundError):
         sdk(a).responses.retrieve(third.id)
     assert sdk(a).responses.retrieve(second.id).status == "completed"
+
+
+def test_encrypted_reasoning_issued_by_a_is_accepted_by_b(replicas):
+    a, b = replicas
+    first = sdk(a).responses.create(model=MODEL, input=THINK, temperature=0, store=False,
+                                    max_output_tokens=80,
+                                    include=["reasoning.encrypted_content"])
+    (reasoning,) = [item for item in first.output if item.type == "reasoning"]
+    assert reasoning.encrypted_content.startswith("podium.v1.")
+    sealed = {"type": "reasoning", "id": reasoning.id, "summary": [],
+              "encrypted_content": reasoning.encrypted_content}
+    replay = [{"role": "user", "content": THINK}, sealed,
+              {"role": "user", "content": "And 3+3?"}]
+    second = sdk(b).responses.create(model=MODEL, input=replay, temperature=0, store=False,
+                                     max_output_tokens=16)
+    assert second.status in ("completed", "incomplete")
+    tampered = dict(sealed, encrypted_content=reasoning.encrypted_content[:-4] + "AAAA")
+    with pytest.raises(openai.BadRequestError, match="encrypted_content"):
+        sdk(b).responses.create(model=MODEL, input=[replay[0], tampered, replay[2]],
+                                store=False, max_output_tokens=16)
 
 
 def test_a_killed_replicas_responses_are_failed_by_another(database, replicas):
