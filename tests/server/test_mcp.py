@@ -88,6 +88,12 @@ def mcp_url():
 @pytest.fixture(scope="module")
 def sse_url():
     """The same tools over the older HTTP+SSE transport."""
+    # sse-starlette (the SDK's SSE server) ends every stream of the process once any uvicorn
+    # server in it has handled a stop signal, through its process-wide AppStatus.should_exit
+    # (tests/server/test_lifecycle.py sends one): this server starts with it cleared
+    from sse_starlette.sse import AppStatus
+
+    AppStatus.should_exit = False
     server, port = _serve(make_server().sse_app())
     yield f"http://127.0.0.1:{port}/sse"
     server.should_exit = True
