@@ -207,6 +207,19 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
     known_calls: set[str] = set()
     closed: set[int] = set()        # assistant messages a tool output followed
     reasoning: Reasoning | None = None
+
+    def attach(call: ToolCall, where: str) -> None:
+        """A call joins the assistant message it follows (a new one after a tool output),
+        taking the reasoning that came before it."""
+        nonlocal reasoning
+        last = messages[-1] if messages else None
+        if last is None or last.role != "assistant" or id(last) in closed:
+            last = Message("assistant", [], where, empty=True)
+            messages.append(last)
+        if reasoning is not None:
+            last.reasoning, reasoning = reasoning, None
+        last.tool_calls.append(call)
+        known_calls.add(call.id)
     results: list[Message] = []     # outputs of the MCP calls just made, after their calls
     answered = {item["approval_request_id"]: item for item in items
                 if item["type"] in ("mcp_approval_response", "mcp_call")
@@ -221,15 +234,7 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
             if not request and item.get("approval_request_id") and call_id in known_calls:
                 pass                # approved: its request made the call
             else:
-                call = ToolCall(call_id, item["name"], item["arguments"])
-                last = messages[-1] if messages else None
-                if last is None or last.role != "assistant" or id(last) in closed:
-                    last = Message("assistant", [], where, empty=True)
-                    messages.append(last)
-                if reasoning is not None:
-                    last.reasoning, reasoning = reasoning, None
-                last.tool_calls.append(call)
-                known_calls.add(call_id)
+                attach(ToolCall(call_id, item["name"], item["arguments"]), where)
             if not request:
                 text = item.get("output")
                 if text is None:
@@ -265,16 +270,8 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
         elif kind in ("function_call", "custom_tool_call"):
             arguments = (item["arguments"] if kind == "function_call"
                          else json.dumps({"input": item["input"]}, ensure_ascii=False))
-            call = ToolCall(item["call_id"], tools.model_name(item["name"],
-                                                              item.get("namespace")), arguments)
-            last = messages[-1] if messages else None
-            if last is None or last.role != "assistant" or id(last) in closed:
-                last = Message("assistant", [], where, empty=True)
-                messages.append(last)
-            if reasoning is not None:
-                last.reasoning, reasoning = reasoning, None
-            last.tool_calls.append(call)
-            known_calls.add(item["call_id"])
+            attach(ToolCall(item["call_id"], tools.model_name(item["name"], item.get("namespace")),
+                            arguments), where)
         else:   # a call's output
             if item["call_id"] not in known_calls:
                 raise InvalidRequestError(
