@@ -30,19 +30,13 @@ class OutputParser:
 
     def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
-        reasoning, tools = self._reasoning, self._tools
         for event in events:
             if type(event) is TextDelta:
                 if event.logprobs:
                     self._logprobs += event.logprobs
-                if reasoning is not None and not reasoning.finished:
-                    self._route(reasoning.feed(event.text), out)
-                elif tools is not None:
-                    out += tools.feed(event.text)
-                else:
-                    out.append(TextDelta(event.text))
-            elif isinstance(event, Finish):
-                self._route(self._reasoning.flush() if self._reasoning else [], out)
+                out += self._text(event.text)
+            elif type(event) is Finish:
+                out += self._route(self._reasoning.flush() if self._reasoning else [])
                 if self._tools is not None:
                     out += self._tools.flush()
                 out.append(self._finish(event))
@@ -50,12 +44,48 @@ class OutputParser:
                 out.append(event)
         return self._attach_logprobs(out) if self._logprobs else out
 
-    def _route(self, events: list[Event], out: list[Event]) -> None:
+    def text(self, text: str) -> list[Event]:
+        """What ``feed([TextDelta(text)])`` gives: the one-token path (a raw text delta
+        without logprobs), with no event list to walk. Its body is ``_text``'s, inlined:
+        this runs once per token."""
+        reasoning, tools = self._reasoning, self._tools
+        if reasoning is not None and not reasoning.finished:
+            out = reasoning.feed(text)
+            if tools is not None and reasoning.state != "reasoning":
+                out = self._route(out)
+        elif tools is not None:
+            out = tools.feed(text)
+        else:
+            out = [TextDelta(text)]
+        return self._attach_logprobs(out) if self._logprobs else out
+
+    def _text(self, text: str) -> list[Event]:
+        """The events of one raw text delta, in a new list (the caller may extend it)."""
+        reasoning, tools = self._reasoning, self._tools
+        if reasoning is not None and not reasoning.finished:
+            out = reasoning.feed(text)
+            # Still in "reasoning" after the delta, the parser gave reasoning alone (its
+            # text, the answer, comes only once it left): nothing to route.
+            if tools is not None and reasoning.state != "reasoning":
+                return self._route(out)
+            return out
+        if tools is not None:
+            return tools.feed(text)
+        return [TextDelta(text)]
+
+    def _route(self, events: list[Event]) -> list[Event]:
+        """The reasoning parser's events: its text (the answer after the reasoning) goes on
+        to the tool parser."""
+        tools = self._tools
+        if tools is None:
+            return events
+        out: list[Event] = []
         for event in events:
-            if isinstance(event, TextDelta) and self._tools is not None:
-                out += self._tools.feed(event.text)
+            if type(event) is TextDelta:
+                out += tools.feed(event.text)
             else:
                 out.append(event)
+        return out
 
     def _finish(self, event: Finish) -> Finish:
         if self._tools is not None and self._tools.calls and event.reason == "stop":

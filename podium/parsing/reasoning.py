@@ -17,7 +17,9 @@ class ReasoningParser:
     def __init__(self, open_tag: str, close_tag: str, *, inside: bool = False):
         self.open_tag, self.close_tag = open_tag, close_tag
         self._close = Markers(close_tag)
-        # "start" (not yet known), "reasoning", "after" (the close tag seen), "content"
+        self._close_start = close_tag[0]    # text without it can neither hold nor begin the tag
+        # "start" (not yet known), "reasoning", "after" (the close tag seen), "content", in
+        # that order (or "start" to "content"): text comes out only on reaching "content"
         self.state = "reasoning" if inside else "start"
         self._buf = ""
         self._lead: list[str] = []  # blank text at the start, before we know what follows
@@ -29,6 +31,12 @@ class ReasoningParser:
         return tail.endswith(open_tag)
 
     def feed(self, text: str) -> list[Event]:
+        # Nearly every token: reasoning text with nothing held and nothing in it that could
+        # begin the close tag is reasoning as it stands (what _s_reasoning would find after
+        # its scans). The state stays "reasoning", so ``finished`` stays False.
+        if (self.state == "reasoning" and not self._buf and text
+                and self._close_start not in text):
+            return [ReasoningDelta(text)]
         self._buf += text
         out: list[Event] = []
         while self._buf:

@@ -19,6 +19,15 @@ class Markers:
         self.markers = tuple(m for m in markers if m)
         self._longest = max((len(m) for m in self.markers), default=0)
         self._firsts = "".join(sorted({m[0] for m in self.markers}))
+        self._any_first = (re.compile("[" + re.escape(self._firsts) + "]")
+                           if len(self._firsts) > 1 else None)
+
+    def absent(self, text: str) -> bool:
+        """No character of ``text`` begins a marker: ``find`` would find none in it and
+        ``held`` would hold none of it (known without their scans)."""
+        if self._any_first is None:         # one first character, or none
+            return not self._firsts or self._firsts not in text
+        return self._any_first.search(text) is None
 
     def find(self, text: str, start: int = 0) -> tuple[int, str | None]:
         """The earliest complete marker at or after ``start``: (position, marker) or (-1, None)."""

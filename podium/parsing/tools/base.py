@@ -51,6 +51,7 @@ class ToolParser:
     """
 
     MARKUP: tuple[str, ...] = ()
+    _state: str                 # the family's state machine (``_step``), if it keeps one here
 
     def __init__(self, tools: ToolSet):
         self.tools = tools
@@ -65,10 +66,29 @@ class ToolParser:
         self._skip: JsonValue | None = None     # a dropped call's JSON, followed to its end
         self._guard = Markers(*self.MARKUP) if self.MARKUP else None    # see text()
         self._guard_tail = ""       # content that may begin a marker with what follows
+        self._fast_state = ""       # see fast_text()
+        self._fast: Markers | None = None
+
+    def fast_text(self, state: str, marks: Markers) -> None:
+        """Take ``feed``'s fast path in ``state``: the family's step there is
+        ``scan_text(buf, marks, ...)``, and nothing else (call it once ``_guard`` is set)."""
+        guard = self._guard.markers if self._guard is not None else ()
+        if not set(guard) <= set(marks.markers):
+            marks = Markers(*marks.markers, *guard)
+        self._fast_state, self._fast = state, marks
 
     # -- the parser surface -------------------------------------------------------------
 
     def feed(self, text: str) -> list[Event]:
+        fast = self._fast
+        if (fast is not None and self._state == self._fast_state and not self._buf
+                and not self._back and not self._guard_tail and text and fast.absent(text)):
+            # Nearly every token of an answer's text: nothing buffered, no marker nor the
+            # start of one in it (the state's or the guard's), so scan_text() and text()
+            # would find nothing after their scans: it is content as it stands.
+            self._plain(text)
+            out, self._out = self._out, []
+            return out
         buf = self._buf + text if self._buf else text
         step = self._step
         while buf:
@@ -184,8 +204,11 @@ class ToolParser:
         """
         if self._guard is not None:
             text = self._guarded(text)
-        if not text:
-            return
+        if text:
+            self._plain(text)
+
+    def _plain(self, text: str) -> None:
+        """Content past the guard (not empty): trailing whitespace is held (see ``text``)."""
         body = text.rstrip()
         if not body:
             self._ws.append(text)       # pieces: a run of blank deltas is joined once

@@ -48,6 +48,7 @@ class HermesParser(ToolParser):
         self._name_ended = False    # "name": blanks or markup followed the name
         self._junk_logged = False
         self._close_mark = Markers(self.CLOSE)
+        self.fast_text("text", self._text_marks)     # _s_text is scan_text alone
 
     def _step(self, buf: str) -> int | None:
         if self._state == "call":               # the hot path: a call's arguments
