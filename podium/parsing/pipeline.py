@@ -30,15 +30,26 @@ class OutputParser:
 
     def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
+        reasoning, tools = self._reasoning, self._tools
         for event in events:
             if type(event) is TextDelta:
                 if event.logprobs:
                     self._logprobs += event.logprobs
-                out += self._text(event.text)
+                if reasoning is not None and not reasoning.finished:
+                    parsed = reasoning.feed(event.text)
+                    # Still in "reasoning" after the delta, the parser gave reasoning alone
+                    # (text, the answer, comes only once it left): nothing to route.
+                    if tools is not None and reasoning.state != "reasoning":
+                        parsed = self._route(parsed)
+                    out += parsed
+                elif tools is not None:
+                    out += tools.feed(event.text)
+                else:
+                    out.append(TextDelta(event.text))
             elif type(event) is Finish:
-                out += self._route(self._reasoning.flush() if self._reasoning else [])
-                if self._tools is not None:
-                    out += self._tools.flush()
+                out += self._route(reasoning.flush() if reasoning is not None else [])
+                if tools is not None:
+                    out += tools.flush()
                 out.append(self._finish(event))
             else:
                 out.append(event)
@@ -46,32 +57,17 @@ class OutputParser:
 
     def text(self, text: str) -> list[Event]:
         """What ``feed([TextDelta(text)])`` gives: the one-token path (a raw text delta
-        without logprobs), with no event list to walk. Its body is ``_text``'s, inlined:
-        this runs once per token."""
+        without logprobs), with no event list to walk."""
         reasoning, tools = self._reasoning, self._tools
         if reasoning is not None and not reasoning.finished:
             out = reasoning.feed(text)
-            if tools is not None and reasoning.state != "reasoning":
+            if tools is not None and reasoning.state != "reasoning":    # as in feed()
                 out = self._route(out)
         elif tools is not None:
             out = tools.feed(text)
         else:
             out = [TextDelta(text)]
         return self._attach_logprobs(out) if self._logprobs else out
-
-    def _text(self, text: str) -> list[Event]:
-        """The events of one raw text delta, in a new list (the caller may extend it)."""
-        reasoning, tools = self._reasoning, self._tools
-        if reasoning is not None and not reasoning.finished:
-            out = reasoning.feed(text)
-            # Still in "reasoning" after the delta, the parser gave reasoning alone (its
-            # text, the answer, comes only once it left): nothing to route.
-            if tools is not None and reasoning.state != "reasoning":
-                return self._route(out)
-            return out
-        if tools is not None:
-            return tools.feed(text)
-        return [TextDelta(text)]
 
     def _route(self, events: list[Event]) -> list[Event]:
         """The reasoning parser's events: its text (the answer after the reasoning) goes on

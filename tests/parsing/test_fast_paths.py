@@ -57,18 +57,14 @@ def per_delta(p: OutputParser, deltas: list[str], one_token: bool) -> list[list]
     return out + [p.feed([Finish("stop", 1)])]
 
 
-def build(family, reasoning, prompt="") -> OutputParser:
-    return parser(family, reasoning, prompt)
-
-
 @settings(max_examples=400, deadline=None)
 @given(FAMILY, REASONING, PROMPT, TEXT, CUTS)
 def test_fast_paths_give_the_full_paths_events_delta_by_delta(family, reasoning, prompt, text,
                                                               cuts):
     deltas = pieces(text, cuts)
-    expected = per_delta(full_paths(build(family, reasoning, prompt)), deltas, False)
-    assert per_delta(build(family, reasoning, prompt), deltas, False) == expected
-    assert per_delta(build(family, reasoning, prompt), deltas, True) == expected
+    expected = per_delta(full_paths(parser(family, reasoning, prompt)), deltas, False)
+    assert per_delta(parser(family, reasoning, prompt), deltas, False) == expected
+    assert per_delta(parser(family, reasoning, prompt), deltas, True) == expected
 
 
 @settings(max_examples=300, deadline=None)
@@ -76,7 +72,7 @@ def test_fast_paths_give_the_full_paths_events_delta_by_delta(family, reasoning,
 def test_text_is_feed_of_one_text_delta(family, reasoning, text, cuts, with_logprobs):
     """``text(d)`` is ``feed([TextDelta(d)])``, logprobs left waiting by an earlier delta
     included (they go with the first text that follows)."""
-    a, b = build(family, reasoning), build(family, reasoning)
+    a, b = parser(family, reasoning), parser(family, reasoning)
     for i, d in enumerate(pieces(text, cuts)):
         if i < len(with_logprobs) and with_logprobs[i]:
             lp = [TokenLogprob(i, -0.5, [])]
@@ -87,7 +83,7 @@ def test_text_is_feed_of_one_text_delta(family, reasoning, text, cuts, with_logp
 
 
 def test_a_held_lt_is_not_overtaken_by_the_next_fast_delta():
-    p = build("hermes", "think")
+    p = parser("hermes", "think")
     events = [p.text(d) for d in ["<think>", "x", " <", "b", " c", "</", "think>", "Hi"]]
     assert events == [[], [ReasoningDelta("x")], [ReasoningDelta(" ")], [ReasoningDelta("<b")],
                       [ReasoningDelta(" c")], [], [], [TextDelta("Hi")]]
@@ -96,7 +92,7 @@ def test_a_held_lt_is_not_overtaken_by_the_next_fast_delta():
 def test_close_tag_split_after_many_fast_deltas():
     words = [" word"] * 200
     for split in (["</", "think", ">"], ["<", "/", "t", "h", "i", "n", "k", ">"], ["</think>"]):
-        p = build("hermes", "think")
+        p = parser("hermes", "think")
         events = [e for d in ["<think>", *words, *split, "\n\n", "Answer", "."] for e in p.text(d)]
         assert events == [ReasoningDelta(w) for w in words] + [TextDelta("Answer"),
                                                                 TextDelta(".")]
@@ -105,7 +101,7 @@ def test_close_tag_split_after_many_fast_deltas():
 
 def test_content_fast_path_holds_trailing_blanks_as_before():
     """Blanks at the end of content wait: dropped before a call, kept before more text."""
-    p = build("hermes", None)
+    p = parser("hermes", None)
     got = [p.text(d) for d in ["Sure", ".\n\n", " Then", "\n", "<tool_call>", "\n"]]
     assert got == [[TextDelta("Sure")], [TextDelta(".")], [TextDelta("\n\n Then")], [], [], []]
     p.text('{"name": "get_time", "arguments": {}}\n</tool_call>')
@@ -116,13 +112,13 @@ def test_a_guard_tail_waiting_in_the_text_state_is_not_skipped():
     """``<tool_`` + a stray ``</tool_call>`` + ``call>`` rejoin into ``<tool_call>`` (dropped
     by the guard): ``call>`` has no ``<`` but must not pass as content."""
     deltas = ["x<tool_", "</tool_call>", "call>", " y"]
-    expected = per_delta(full_paths(build("hermes", None)), deltas, False)
-    assert per_delta(build("hermes", None), deltas, True) == expected
+    expected = per_delta(full_paths(parser("hermes", None)), deltas, False)
+    assert per_delta(parser("hermes", None), deltas, True) == expected
     assert fold(sum(expected, [])).content == "x y"
 
 
 def test_a_call_after_fast_content_deltas():
-    p = build("hermes", "think")
+    p = parser("hermes", "think")
     deltas = ["<think>", "Check", ".", "</think>", "\n\n", "Let", " me", " look", ".",
               "<tool", "_call", ">\n", '{"name": "get_time", "arguments": {}}', "\n</tool_call>"]
     events = [e for d in deltas for e in p.text(d)] + p.feed([Finish("stop", 1)])
