@@ -54,3 +54,33 @@ def test_unfinished_character_at_the_end_becomes_one_replacement(tokenizer):
     deltas, tail = stream(tokenizer, ids[:-1])
     assert "".join(deltas) == ""
     assert tail == "\ufffd"
+
+
+def _reference(tokenizer, ids):
+    """Every token's bytes through Python's incremental decoder alone (no remembered texts)."""
+    import codecs
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    return [decoder.decode(tokenizer.piece(t)) for t in ids], decoder.decode(b"", final=True)
+
+
+SHARED: dict[int, str] = {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from([11162, 236, 231, 104, 254, 37361, 220, 108386]),
+                          st.integers(min_value=0, max_value=151_935)), max_size=40))
+def test_each_delta_is_the_incremental_decoders_with_a_shared_table(tokenizer, ids):
+    """Remembered whole-character texts (shared across streams, as the server shares them)
+    give, token by token, exactly the incremental decoder's deltas, split characters too."""
+    detok = Detokenizer(tokenizer.piece, SHARED)
+    deltas = [detok.feed(t) for t in ids]
+    assert (deltas, detok.flush()) == _reference(tokenizer, ids)
+
+
+def test_texts_of_is_one_table_per_tokenizer(tokenizer):
+    from podium.text.detokenizer import texts_of
+    assert texts_of(tokenizer) is texts_of(tokenizer)
+    detok = Detokenizer(tokenizer.piece, texts_of(tokenizer))
+    ids = tokenizer.encode("hello world", add_special=False)
+    assert "".join(detok.feed(t) for t in ids) == "hello world"
+    assert all(t in texts_of(tokenizer) for t in ids)
