@@ -12,19 +12,21 @@ from collections import deque
 from podium.engine.base import EngineOutput, TokenLogprob, Tokenizer
 from podium.parsing.events import Event, Finish, PromptLogprobs, TextDelta, Usage
 from podium.parsing.pipeline import OutputParser
-from podium.text.detokenizer import Detokenizer
+from podium.text.detokenizer import Detokenizer, texts_of
 from podium.text.stop import StopMatcher
 
 
 class TextPipeline:
     __slots__ = ("_detok", "_stops", "_want_logprobs", "_pending", "_produced", "_released",
-                 "completion_tokens", "finished", "cached_tokens")
+                 "completion_tokens", "finished", "cached_tokens", "plain")
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
                  want_logprobs: bool = False):
-        self._detok = Detokenizer(tokenizer.piece)
+        self._detok = Detokenizer(tokenizer.piece, texts_of(tokenizer))
         self._stops = StopMatcher(stop or [])
         self._want_logprobs = want_logprobs
+        # no stop strings and no logprobs: a token's text is released as it comes (token())
+        self.plain = not self._stops.active and not want_logprobs
         self._pending: deque[tuple[int, TokenLogprob]] = deque()
         self._produced = 0       # characters out of the detokenizer so far
         self._released = 0       # characters released to the client so far
@@ -67,6 +69,12 @@ class TextPipeline:
             return self._finish(events, reason)
         return events
 
+    def token(self, token_id: int) -> str:
+        """The text of one token that does not end the output, on a ``plain`` pipeline
+        (nothing to hold back, nothing to count but the token)."""
+        self.completion_tokens += 1
+        return self._detok.feed(token_id)
+
     def _release(self, text: str) -> list[Event]:
         if not text:
             return []
@@ -107,6 +115,10 @@ class TextStream:
 
     def feed(self, out: EngineOutput) -> list[Event]:
         text, parser, reasoning = self._text, self._parser, self._reasoning
+        ids = out.token_ids
+        if (text.plain and len(ids) == 1 and out.finish_reason is None
+                and out.prompt_logprobs is None and not out.cached_tokens):
+            return self._token(ids[0])      # the common step: one token mid-output
         events = text.feed(out)
         if out.prompt_logprobs is not None:
             events.insert(0, PromptLogprobs(out.prompt_logprobs))
@@ -119,6 +131,22 @@ class TextStream:
         if text.finished:
             self.finished = True
             events += self.finish()
+        return events
+
+    def _token(self, token_id: int) -> list[Event]:
+        """``feed`` for one token that neither ends the output nor carries anything else."""
+        delta = self._text.token(token_id)
+        parser, reasoning = self._parser, self._reasoning
+        if parser is None:
+            return [TextDelta(delta)] if delta else []
+        if reasoning is None or reasoning.state == "content":
+            return parser.text(delta) if delta else []
+        before = reasoning.state
+        events = parser.text(delta) if delta else []
+        if before == "reasoning":
+            self._reasoning_tokens += 1
+        else:
+            self._count_reasoning(before, reasoning.state, 1)
         return events
 
     def _count_reasoning(self, before: str, after: str, tokens: int) -> None:

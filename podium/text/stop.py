@@ -18,6 +18,11 @@ class StopMatcher:
         self.stopped = False
         self.matched: str | None = None     # the stop string that ended the text
 
+    @property
+    def active(self) -> bool:
+        """There are stop strings to look for."""
+        return bool(self._stops)
+
     def feed(self, delta: str) -> str:
         """The text that is safe to release; sets ``stopped`` when a stop string appears."""
         if self.stopped:
