@@ -34,8 +34,10 @@ class ChatService:
         self._dialect = dialect
         self._settings = settings
 
-    async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
-        """The folded object, or (``stream``) an iterator of chunks. Raises before streaming."""
+    async def create(self, req: ChatCompletionRequest
+                     ) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        """The folded object, or (``stream``) an iterator of chunks, framed for SSE. Raises
+        before streaming."""
         check_model(req.model, self._engine, self._settings)
         prepared = await off_loop(self._prepare, req)
         choices = prepared.choices
@@ -54,7 +56,7 @@ class ChatService:
         return prepare(self._engine, self._dialect, conversation(req), opts, self._settings)
 
     async def _stream(self, req: ChatCompletionRequest, choices: list[Choice], cid: str,
-                      created: int) -> AsyncGenerator[dict, None]:
+                      created: int) -> AsyncGenerator[bytes, None]:
         chunks = ChatChunks(cid, created, req.model, self._engine.tokenizer, req.logprobs,
                             self._settings.reasoning_field)
         for i in range(len(choices)):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from podium.engine.base import Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
@@ -22,7 +24,16 @@ def reasoning_fields(field: str) -> tuple[str, ...]:
 
 
 class ChatChunks:
-    """Builds ``chat.completion.chunk`` objects; every chunk shares id, created and model."""
+    """Builds ``chat.completion.chunk`` events, framed for SSE (``data: {...}\n\n`` bytes);
+    every chunk shares id, created and model.
+
+    The per-token chunks (a text or a reasoning delta, no logprobs) are the bytes orjson
+    would make of their dict, written as a pre-encoded template around the encoded text:
+    ``data: {"id":…,"model":…,"choices":[{"index":0,"delta":{"content":`` + text +
+    ``},"logprobs":null,"finish_reason":null}]}``. Every other chunk is its dict, encoded.
+    """
+
+    _TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: bool, reasoning_field: str = "reasoning_content"):
@@ -31,20 +42,36 @@ class ChatChunks:
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._reasoning = reasoning_fields(reasoning_field)
+        # b'data: {"id":...,"model":"..."' : the head's encoding without its closing brace
+        self._open = b"data: " + orjson.dumps(self._head)[:-1]
+        self._text_heads: dict[int, bytes] = {}        # choice index -> template head
+        self._reasoning_heads: dict[int, bytes] = {}
+
+    def _template(self, index: int, field: str) -> bytes:
+        return (self._open + b',"choices":[{"index":' + str(index).encode()
+                + b',"delta":{' + orjson.dumps(field) + b":")
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
-               logprobs: Any = None) -> dict[str, Any]:
-        return {**self._head, "choices": [{"index": index, "delta": delta,
-                                           "logprobs": logprobs, "finish_reason": finish}]}
+               logprobs: Any = None) -> bytes:
+        return b"data: " + orjson.dumps({**self._head, "choices": [{
+            "index": index, "delta": delta, "logprobs": logprobs,
+            "finish_reason": finish}]}) + b"\n\n"
 
-    def role(self, index: int) -> dict[str, Any]:
+    def role(self, index: int) -> bytes:
         return self._chunk(index, {"role": "assistant", "content": ""})
 
-    def event(self, index: int, event: Event) -> dict[str, Any] | None:
-        if type(event) is TextDelta and not self._logprobs:     # the per-token cases first
-            return self._chunk(index, {"content": event.text})
-        if type(event) is ReasoningDelta and len(self._reasoning) == 1:
-            return self._chunk(index, {self._reasoning[0]: event.text})
+    def event(self, index: int, event: Event) -> bytes | None:
+        kind = type(event)
+        if kind is TextDelta and not self._logprobs:       # the per-token cases first
+            head = self._text_heads.get(index)
+            if head is None:
+                head = self._text_heads[index] = self._template(index, "content")
+            return head + orjson.dumps(event.text) + self._TAIL   # type: ignore[union-attr]
+        if kind is ReasoningDelta and len(self._reasoning) == 1:
+            head = self._reasoning_heads.get(index)
+            if head is None:
+                head = self._reasoning_heads[index] = self._template(index, self._reasoning[0])
+            return head + orjson.dumps(event.text) + self._TAIL   # type: ignore[union-attr]
         if isinstance(event, TextDelta):
             lp = None
             if self._logprobs:
@@ -64,9 +91,10 @@ class ChatChunks:
             return self._chunk(index, {}, event.reason)
         return None
 
-    def usage(self, usage: UsageFold) -> dict[str, Any]:
+    def usage(self, usage: UsageFold) -> bytes:
         """The last chunk (``stream_options.include_usage``): no choices, the usage."""
-        return {**self._head, "choices": [], "usage": usage.chat()}
+        return b"data: " + orjson.dumps({**self._head, "choices": [],
+                                         "usage": usage.chat()}) + b"\n\n"
 
 
 class _ChoiceFold:

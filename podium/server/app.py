@@ -11,6 +11,7 @@ from fastapi import FastAPI, Query, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from podium.api.chat import ChatService
 from podium.api.conversations import ConversationsService
@@ -33,7 +34,7 @@ from podium.server.lifecycle import Drain
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
 from podium.server.routing import PodiumRoute
-from podium.server.sse import SSEResponse
+from podium.server.sse import BODY_SEND, SSEResponse
 from podium.server.watch import unless_gone
 from podium.settings import Settings
 from podium.store.base import NO_OWNER
@@ -66,11 +67,23 @@ def _gauges(engine: Engine, store: SQLStore) -> dict[str, float]:
             "stored_responses": store.count()}
 
 
-def respond(result: dict | AsyncGenerator[dict, None], *, responses_api: bool = False,
+def respond(result: dict | AsyncGenerator[Any, None], *, responses_api: bool = False,
             anthropic: bool = False) -> Response | SSEResponse:
     if isinstance(result, dict):
         return json_response(result)
     return SSEResponse(result, responses_api=responses_api, anthropic=anthropic)
+
+
+class PodiumApp(FastAPI):
+    """FastAPI, handing the server's own ``send`` inward in the scope (``sse.BODY_SEND``):
+    the wrappers between it and a response (Starlette's error and exception handlers, CORS,
+    the request middleware, the body limit, keys and limits) act on ``http.response.start``
+    only, so a stream's body messages, once the start has gone the whole way, go straight
+    to the server: one call per event instead of one per wrapper."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[BODY_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
@@ -95,7 +108,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
             await engine.aclose()
             await store.aclose()
 
-    app = FastAPI(title="Podium", version="0.1.0", lifespan=lifespan,
+    app = PodiumApp(title="Podium", version="0.1.0", lifespan=lifespan,
                   summary="An OpenAI-compatible API server for open-weight models")
     app.router.route_class = PodiumRoute
     app.state.engine = engine

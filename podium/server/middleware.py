@@ -24,7 +24,6 @@ from podium import telemetry
 from podium.errors import (AuthenticationError, Overloaded, PayloadTooLarge, PodiumError,
                            RateLimited, anthropic_body)
 from podium.server.errors import anthropic
-from podium.server.sse import BODY_SEND
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
@@ -88,7 +87,6 @@ class RequestMiddleware:
                 record.body += message.get("body", b"")
             return message
 
-        scope[BODY_SEND] = send         # a stream's body messages skip the wrappers below
         try:
             await self.app(scope, capture if self._capture else receive, send_with_id)
         finally:

@@ -1,6 +1,7 @@
 """Server-sent events at the HTTP edge: JSON encoding, framing, errors after the first byte.
 
-``SSEResponse`` streams an iterator of JSON-able objects as ``data:`` events and ends with
+``SSEResponse`` streams an iterator of JSON-able objects (or events already framed, as
+bytes) as ``data:`` events and ends with
 ``data: [DONE]`` (Chat, Completions), or as named events without ``[DONE]`` (Responses,
 Anthropic Messages). Once the 200 has been sent no status can change, so a failure mid-stream
 becomes an in-band ``{"error": ...}`` event, then ``[DONE]``, then the end of the body. A
@@ -33,10 +34,10 @@ class ServerShuttingDown(PodiumError):
 log = logging.getLogger(__name__)
 
 DONE = b"data: [DONE]\n\n"
-# The ``send`` the request middleware was given, handed inward in the scope: every wrapper
-# between it and a response (Starlette's exception handlers, the body limit, keys and
-# limits) acts on ``http.response.start`` only, so a stream's body messages, once the start
-# has gone through them all, go straight to it: one call per event instead of four.
+# The server's own ``send``, handed inward in the scope by the app (``app.PodiumApp``): every
+# wrapper between it and a response (Starlette's error and exception handlers, CORS, the
+# request middleware, the body limit, keys and limits) acts on ``http.response.start`` only,
+# so a stream's body messages, once the start has gone through them all, go straight to it.
 BODY_SEND = "podium.body_send"
 HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
            (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -120,7 +121,8 @@ class SSEResponse(Response):
         events, frame = self._events, self._frame
         try:
             async for obj in events:
-                await send({"type": "http.response.body", "body": frame(obj),
+                await send({"type": "http.response.body",
+                            "body": obj if type(obj) is bytes else frame(obj),
                             "more_body": True})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             if not isinstance(exc, PodiumError) or exc.status_code >= 500:

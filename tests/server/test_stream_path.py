@@ -1,0 +1,58 @@
+"""The per-token path of a stream: what a body message crosses on its way to the server."""
+
+import asyncio
+import sys
+
+import orjson
+
+from podium.server.app import create_app
+from podium.settings import Settings
+from tests.conftest import SERVED
+
+
+def _call(app, body: bytes) -> list[tuple[dict, str]]:
+    """One request through the ASGI app; each message sent, with the file that sent it."""
+    sent: list[tuple[dict, str]] = []
+    done = asyncio.Event()
+    given = []
+
+    async def receive():
+        if not given:
+            given.append(body)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append((message, sys._getframe(1).f_code.co_filename))
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
+                         (b"origin", b"http://example.com"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "state": {}}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_stream_body_messages_go_straight_from_the_sse_response_to_the_server(scripted):
+    """Every wrapper (Starlette's error handler, CORS, the request middleware ...) acts on
+    the response start only, so each event's body message skips them: one call per token."""
+    app = create_app(Settings(cors_origins=["*"]), scripted(["Hello there, friend"]))
+    body = orjson.dumps({"model": SERVED, "stream": True,
+                         "messages": [{"role": "user", "content": "hi"}]})
+    sent = _call(app, body)
+    start = sent[0][0]
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    headers = dict(start["headers"])
+    assert b"x-request-id" in headers and b"access-control-allow-origin" in headers
+    bodies = [(m, caller) for m, caller in sent if m["type"] == "http.response.body"]
+    assert len(bodies) > 5 and bodies[-1][0]["body"] == b"data: [DONE]\n\n"
+    assert {caller.rsplit("/", 2)[-2:][1] for _, caller in bodies} == {"sse.py"}
+    text = "".join(orjson.loads(m["body"][6:])["choices"][0]["delta"].get("content") or ""
+                   for m, _ in bodies[:-1] if m["body"].startswith(b"data: {"))
+    assert text == "Hello there, friend"
