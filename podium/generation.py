@@ -176,7 +176,7 @@ async def run_choice(engine: Engine, index: int, choice: Choice
                 if stream.finished:
                     break
         else:
-            tokens, capture = record.tokens, record.capture
+            tokens, capture = record.meter(), record.capture
             async for out in outputs:
                 if out.token_ids:
                     tokens(len(out.token_ids))

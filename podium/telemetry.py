@@ -139,22 +139,33 @@ class RequestRecord:
     body: bytes = b""
     output: list[str] = field(default_factory=list)
 
-    def tokens(self, count: int) -> None:
-        """``count`` new tokens from the engine for this request."""
-        now = time.monotonic()
-        metrics = self.metrics
-        last, self._last_token = self._last_token, now
-        self.completion_tokens += count
+    def meter(self) -> Callable[[int], None]:
+        """The per-output callback for this request's new tokens (``meter()(count)``): the
+        count, the first token's time (TTFT), the interval since the last token (ITL) and
+        the generated-tokens counter. It runs for every engine output, so everything it
+        touches is bound once here."""
+        metrics, monotonic = self.metrics, time.monotonic
         if metrics is None:
-            if self.first_token is None:
+            def count_only(count: int) -> None:
+                self.completion_tokens += count
+                if self.first_token is None:
+                    self.first_token = monotonic()
+            return count_only
+        generated, ttft = metrics.generation_tokens.value, metrics.ttft
+        itl_counts, itl_sum, itl_bounds = metrics.itl.counts, metrics.itl.sum, metrics.itl.bounds
+
+        def tokens(count: int) -> None:
+            now = monotonic()
+            last, self._last_token = self._last_token, now
+            self.completion_tokens += count
+            generated[0] += count
+            if last is not None:                # LoopHistogram.observe, inline
+                itl_counts[bisect_left(itl_bounds, now - last)] += 1
+                itl_sum[0] += now - last
+            elif self.first_token is None:
                 self.first_token = now
-            return
-        metrics.generation_tokens.value[0] += count
-        if last is not None:
-            metrics.itl.observe(now - last)
-        elif self.first_token is None:
-            self.first_token = now
-            metrics.ttft.observe(now - self.start)
+                ttft.observe(now - self.start)
+        return tokens
 
     def prompt(self, count: int) -> None:
         self.prompt_tokens += count
