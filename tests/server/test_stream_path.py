@@ -4,6 +4,8 @@ import asyncio
 import sys
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from podium.server.app import create_app
 from podium.settings import Settings
@@ -56,3 +58,26 @@ def test_stream_body_messages_go_straight_from_the_sse_response_to_the_server(sc
     text = "".join(orjson.loads(m["body"][6:])["choices"][0]["delta"].get("content") or ""
                    for m, _ in bodies[:-1] if m["body"].startswith(b"data: {"))
     assert text == "Hello there, friend"
+
+
+def _as_dict_chunk(cid, model, index, delta):
+    return b"data: " + orjson.dumps({
+        "id": cid, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
+        "choices": [{"index": index, "delta": delta, "logprobs": None,
+                     "finish_reason": None}]}) + b"\n\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(), model=st.text(min_size=1, max_size=30), index=st.integers(0, 12),
+       field=st.sampled_from(["reasoning_content", "reasoning"]))
+def test_template_chunks_are_the_bytes_of_their_dicts(tokenizer, text, model, index, field):
+    """The pre-encoded per-token chunks equal orjson's encoding of the chunk's dict, byte for
+    byte, whatever the text (quotes, control characters, non-ASCII) and the model's name."""
+    from podium.parsing.events import ReasoningDelta, TextDelta
+    from podium.render.chat import ChatChunks
+
+    chunks = ChatChunks("chatcmpl-x\"y", 1700000000, model, tokenizer, False, field)
+    assert chunks.event(index, TextDelta(text)) == _as_dict_chunk(
+        "chatcmpl-x\"y", model, index, {"content": text})
+    assert chunks.event(index, ReasoningDelta(text)) == _as_dict_chunk(
+        "chatcmpl-x\"y", model, index, {field: text})
