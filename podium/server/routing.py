@@ -6,7 +6,8 @@ so they fail later, deep inside the server, as 500s. ``PodiumRoute`` (FastAPI's 
 custom-route hook) gives every route a request whose ``json()`` uses orjson, which refuses
 them (and anything else that is not valid UTF-8 JSON) as invalid JSON: a 400 at the edge.
 Bodies over ``OFF_LOOP_BYTES`` are parsed on a worker thread, so a body of several
-megabytes does not hold up other clients.
+megabytes does not hold up other clients. The body's size is kept for the request
+(``generation.BODY_BYTES``): a small request is prepared on the loop, a big one off it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
+from podium.generation import BODY_BYTES
+
 OFF_LOOP_BYTES = 256 * 1024
 
 
@@ -26,6 +29,7 @@ class StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
+            BODY_BYTES.set(len(body))
             # orjson.JSONDecodeError is a json.JSONDecodeError: FastAPI reports it as a 400
             if len(body) > OFF_LOOP_BYTES:
                 self._json = await asyncio.to_thread(orjson.loads, body)

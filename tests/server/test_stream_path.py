@@ -81,3 +81,54 @@ def test_template_chunks_are_the_bytes_of_their_dicts(tokenizer, text, model, in
         "chatcmpl-x\"y", model, index, {"content": text})
     assert chunks.event(index, ReasoningDelta(text)) == _as_dict_chunk(
         "chatcmpl-x\"y", model, index, {field: text})
+
+
+def test_a_small_request_is_prepared_on_the_loop_a_big_one_on_a_worker(scripted, client_for):
+    """Handing a small request's rendering and tokenizing to a thread costs several times
+    the work (wake-ups, the GIL going back and forth); a big one must not hold the loop."""
+    import threading
+
+    client = client_for(scripted(["Hi"]))
+    chat = client.app.state.chat
+    where: list[str] = []
+    prepare = chat._prepare
+
+    def spy(req):
+        where.append(threading.current_thread().name)
+        return prepare(req)
+
+    chat._prepare = spy
+    small = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}]}
+    big = {"model": SERVED, "messages": [{"role": "user", "content": "word " * 2000}]}
+    for body in (small, big, {**small, "stream": True}):
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert not where[0].startswith("podium-prepare")
+    assert where[1].startswith("podium-prepare")
+    assert not where[2].startswith("podium-prepare")
+
+
+def test_a_response_with_stored_history_is_prepared_on_a_worker(scripted, client_for):
+    """The stored history behind ``previous_response_id`` can be any size, whatever the body's."""
+    import threading
+
+    from podium.api.responses import service as responses_service
+
+    client = client_for(scripted(["Hi"]))
+    where: list[str] = []
+    off_loop = responses_service.off_loop
+
+    async def spy(fn, *args, **kw):
+        def run(*a):
+            where.append(threading.current_thread().name)
+            return fn(*a)
+        return await off_loop(run, *args, **kw)
+
+    responses_service.off_loop = spy
+    try:
+        first = client.post("/v1/responses", json={"model": SERVED, "input": "hi"}).json()
+        client.post("/v1/responses", json={"model": SERVED, "input": "again",
+                                           "previous_response_id": first["id"]})
+    finally:
+        responses_service.off_loop = off_loop
+    assert not where[0].startswith("podium-prepare")
+    assert where[1].startswith("podium-prepare")

@@ -173,7 +173,8 @@ class ResponsesService:
             options = to_options(req, tools)
             wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
             prepared = await off_loop(self._prepare_fitting, req, history + items + approved,
-                                      wheres + ["input"] * len(approved), tools, options)
+                                      wheres + ["input"] * len(approved), tools, options,
+                                      sized_by_body=not history and sessions is None)
         except BaseException:
             if sessions is not None:
                 await sessions.close()
@@ -184,7 +185,8 @@ class ResponsesService:
             later = dataclasses.replace(options, tool_choice="none" if quiet else "auto")
             done = as_input(output)
             following = await off_loop(self._prepare_fitting, req, history + items + done,
-                                       wheres + ["output"] * len(done), tools, later)
+                                       wheres + ["output"] * len(done), tools, later,
+                                       sized_by_body=False)     # with the model's output
             start(self._engine, [following.choices[0]])
             return following.choices[0]
 
