@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
+import threading
 from pathlib import Path
+from typing import Callable
 
 import llama_cpp
 
@@ -105,6 +108,24 @@ class LlamaTokenizer:
         self.eos_token = self._text(llama_cpp.llama_vocab_eos(self._vocab))
         self.eos_token_ids = frozenset(
             t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        self._bos_id = llama_cpp.llama_vocab_bos(self._vocab)
+        self._segments = Segments.for_vocab(self) if (
+            llama_cpp.llama_vocab_type(self._vocab) == llama_cpp.LLAMA_VOCAB_TYPE_BPE
+            and not llama_cpp.llama_vocab_get_add_eos(self._vocab)) else None
+
+    def specials(self) -> dict[str, int]:
+        """The tokens llama.cpp finds in text as special (control, user-defined, unknown),
+        by their text, and whether any strips the blanks beside it (``""`` maps to -1)."""
+        kinds = (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+                 | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN)
+        strips = llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
+        out: dict[str, int] = {}
+        for t in range(self.vocab_size):
+            attr = llama_cpp.llama_vocab_get_attr(self._vocab, t)
+            if attr & kinds:
+                text = self._text(t)
+                out[text] = -1 if (attr & strips or text in out) else t
+        return out
 
     def _text(self, token_id: int) -> str:
         if token_id < 0:
@@ -116,6 +137,13 @@ class LlamaTokenizer:
         """Token ids for ``text``; special-token markup in it is parsed as special tokens."""
         add_bos = add_special and self._add_bos and not (
             self.bos_token and text.startswith(self.bos_token))
+        if self._segments is not None:
+            ids = self._segments.encode(text)
+            return [self._bos_id, *ids] if add_bos else ids
+        return self._tokenize(text, add_bos)
+
+    def _tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        """llama.cpp's tokenizer on the whole of ``text``."""
         data = text.encode("utf-8", "replace")  # lone surrogates cannot reach C
         capacity = len(data) + 8
         buf = (llama_cpp.llama_token * capacity)()
@@ -146,3 +174,77 @@ class LlamaTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return b"".join(self.piece(t) for t in token_ids).decode("utf-8", "replace")
+
+
+class Segments:
+    """A prompt tokenized piece by piece, the pieces remembered.
+
+    llama.cpp cuts text at its special tokens (``<|im_start|>``, ``<tool_call>`` ...) before
+    its BPE runs, and tokenizes each piece between them on its own: with a BPE vocabulary
+    nothing carries from one piece to the next. So a prompt's ids are its pieces' ids, and
+    what a conversation sends again with every turn (the system prompt, the tools, the
+    earlier turns) is looked up instead of tokenized again (~0.9 us a token on this
+    machine: most of preparing a request). Used only where the cut is unambiguous: no
+    special token strips the blanks beside it, none is empty or shares its text, and no two
+    can overlap in a text (then every way of finding them finds the same places).
+    """
+
+    MAX_SPECIALS = 1024             # the overlap check is quadratic: a bigger set goes without
+    LIMIT_CHARS = 4_000_000         # text remembered (ids beside it); the oldest go first
+
+    def __init__(self, specials: dict[str, int], tokenize: Callable[[str], list[int]]):
+        self._specials = specials
+        self._cut = re.compile("(" + "|".join(
+            re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
+        self._tokenize = tokenize
+        self._table: dict[str, tuple[int, ...]] = {}
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_vocab(cls, tokenizer: "LlamaTokenizer") -> "Segments | None":
+        specials = tokenizer.specials()
+        if not specials or not unambiguous(specials, cls.MAX_SPECIALS):
+            return None
+        return cls(specials, tokenizer._tokenize)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        table = self._table
+        for i, part in enumerate(self._cut.split(text)):  # text, special, text, ..., text
+            if i % 2:
+                ids.append(self._specials[part])
+            elif part:
+                known = table.get(part)
+                if known is None:
+                    known = tuple(self._tokenize(part))
+                    self._remember(part, known)
+                ids += known
+        return ids
+
+    def _remember(self, part: str, ids: tuple[int, ...]) -> None:
+        if len(part) > self.LIMIT_CHARS // 16:
+            return                      # one huge piece would push everything else out
+        with self._lock:                # requests are prepared on the loop and on workers
+            table = self._table
+            while self._chars + len(part) > self.LIMIT_CHARS and table:
+                oldest = next(iter(table))
+                del table[oldest]
+                self._chars -= len(oldest)
+            if part not in table:
+                table[part] = ids
+                self._chars += len(part)
+
+
+def unambiguous(specials: dict[str, int], limit: int) -> bool:
+    """No special token is empty, strips blanks or shares its text (-1), and no two can
+    overlap: none inside another, no end of one the start of another."""
+    texts = list(specials)
+    if len(texts) > limit or any(not t or specials[t] < 0 for t in texts):
+        return False
+    for i, a in enumerate(texts):
+        for j, b in enumerate(texts):
+            if i != j and (a in b or any(a.endswith(b[:k])
+                                             for k in range(1, min(len(a), len(b))))):
+                return False
+    return True
