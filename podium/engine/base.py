@@ -125,6 +125,10 @@ class EngineStats(MutableMapping[str, int]):
     def __setitem__(self, name: str, value: int) -> None:
         self._cells[self._index[name]] = value
 
+    def cell(self, name: str) -> tuple[array, int]:
+        """Where ``name`` is kept (``cells[i] += n``): for a loop that counts every step."""
+        return self._cells, self._index[name]
+
     def __delitem__(self, name: str) -> None:
         raise TypeError("engine counters cannot be removed")
 

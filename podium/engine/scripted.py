@@ -135,35 +135,37 @@ class ScriptedEngine:
             stops, eos, max_tokens = params.stop_token_ids, self._eos, params.max_tokens
             eos_stops = not params.ignore_eos
             per_step, delay, stats, sleep = self.tokens_per_step, self.delay, self.stats, asyncio.sleep
+            generated, at = stats.cell("generated_tokens")
+            # one token a step, no logprobs: the step that is neither the first nor the last
+            # is a bare EngineOutput (the benchmarks' path; the loop below does the same)
+            plain = per_step == 1 and k is None
             while True:
                 await sleep(delay)
                 if place.aborted:
                     yield EngineOutput([], finish_reason="abort")
                     return
+                if plain and prompt_lp is None and produced < len(script) - 1:
+                    token = script[produced]
+                    if not (token in stops or (token == eos and eos_stops)
+                            or produced + 1 >= max_tokens):
+                        produced += 1
+                        generated[at] += 1
+                        yield EngineOutput([token])
+                        continue
                 step: list[int] = []
                 finish: FinishReason | None = None
-                if per_step == 1:               # the same as the loop below, for one token
-                    if produced < len(script):
-                        token = script[produced]
-                        step.append(token)
-                        produced += 1
-                        if token in stops or (token == eos and eos_stops):
-                            finish = "stop"
-                        elif produced >= max_tokens:
-                            finish = "length"
-                else:
-                    for token in script[produced:produced + per_step]:
-                        step.append(token)
-                        produced += 1
-                        if token in stops or (token == eos and eos_stops):
-                            finish = "stop"
-                        elif produced >= max_tokens:
-                            finish = "length"
-                        if finish:
-                            break
+                for token in script[produced:produced + per_step]:
+                    step.append(token)
+                    produced += 1
+                    if token in stops or (token == eos and eos_stops):
+                        finish = "stop"
+                    elif produced >= max_tokens:
+                        finish = "length"
+                    if finish:
+                        break
                 if not step:
                     finish = "stop"
-                stats["generated_tokens"] += len(step)
+                generated[at] += len(step)
                 logprobs = ([TokenLogprob(t, 0.0, [(t, 0.0)][:k]) for t in step]
                             if k is not None else None)
                 yield EngineOutput(step, logprobs, finish, prompt_lp,
