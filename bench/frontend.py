@@ -26,6 +26,10 @@ HTTP.
     # the servers alone
     .venv/bin/python bench/frontend.py serve --app podium|floor --port 8123
 
+vLLM's harness needs ``.venv-vllm`` (``./dev test-vllm --co -q`` makes it) and its tokenizer
+folders, made once from the default model's GGUF: ``.venv-vllm/bin/python
+../shared/peer-vllm/make_tokenizer.py --gguf ~/.cache/podium/<model>.gguf --out /tmp``.
+
 ``--root DIR`` (repeatable in compare) measures the code of another checkout (a worktree of
 an older commit) with this driver, next to this one.
 """
