@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from podium.parsing.events import Event, TextDelta, ToolCallArgsDelta, ToolCallBegin, ToolCallEnd
 from podium.parsing.scan import JsonPrefix, JsonValue, Markers
-from podium.parsing.tools.jsoncall import JsonCall
+from podium.parsing.tools.jsoncall import JsonCall, Lane
 
 log = logging.getLogger(__name__)
 _WS = " \t\r\n"
@@ -52,6 +52,11 @@ class ToolParser:
 
     MARKUP: tuple[str, ...] = ()
     _state: str                 # the family's state machine (``_step``), if it keeps one here
+    # The state in which the family's step is ``call_object(buf)`` alone (then "more": all
+    # of ``buf`` used) when ``buf`` holds no ``LANE_GUARD``: ``feed``'s fast path for the
+    # arguments object's text there (see ``feed``).
+    LANE_STATE = ""
+    LANE_GUARD = ""
 
     def __init__(self, tools: ToolSet):
         self.tools = tools
@@ -89,6 +94,23 @@ class ToolParser:
             self._plain(text)
             out, self._out = self._out, []
             return out
+        if (self.LANE_STATE and self._state == self.LANE_STATE and text and not self._buf
+                and not self._back):
+            json_call = self._json
+            lane = json_call.lane
+            if lane is not None and self.LANE_GUARD not in text:
+                # Nearly every token of a call's arguments: the arguments object is being
+                # read with the open call's own validator; the step would feed it all of
+                # ``text`` first (call_object -> JsonCall -> _s_args_object). If it takes all
+                # and the object goes on, that step would only pass it on: done here.
+                n = lane.feed(text)
+                if n == len(text) and not lane.done:
+                    json_call.stopped_at = n
+                    json_call.had_args = True
+                    json_call._on_valid(text)      # type: ignore[misc]
+                    out, self._out = self._out, []
+                    return out
+                json_call.pre = n               # anything else: the step goes on from there
         buf = self._buf + text if self._buf else text
         step = self._step
         while buf:
@@ -293,7 +315,24 @@ class ToolParser:
 
     def start_call_object(self) -> None:
         """Expect a ``{"name": ..., "arguments": ...}`` object next (see ``call_object``)."""
-        self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args)
+        self._json = JsonCall(self.tools.allows, self.begin_call, self.call_args,
+                              self._args_lane)
+
+    def _args_lane(self) -> Lane:
+        """The open call's validator for a call object's arguments object, if nothing was
+        written to the call yet (its arguments are then exactly that object's text): the
+        object's reader checks them with it, once, and hands over what it accepted
+        (``call_args`` would only check it again and pass it on)."""
+        call = self._call
+        if call is None or call.parts or call.json.broken:
+            return None
+
+        def accepted(text: str) -> None:
+            if self._call is call:
+                self._append(call, text)
+            else:                           # the call was closed meanwhile: as before
+                self.call_args(text)
+        return call.json, accepted
 
     def call_object(self, buf: str) -> tuple[str, int]:
         """Feed the expected call object; (outcome, characters used). Outcomes: "more" (all

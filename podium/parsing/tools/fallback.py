@@ -208,8 +208,17 @@ class WithJsonFallback:
         if not self._start or "```".startswith(self._start):
             return []
         held, self._held = self._held, []
-        self._active = self._fallback if self._start[0] in "{[`" else self._primary
+        if self._start[0] in "{[`":
+            self._active = self._fallback
+        else:
+            self._settle()
         return self._feed_all(held)
+
+    def _settle(self) -> None:
+        """The primary is in charge for good: ``feed`` is its own ``feed`` from now on (what
+        ``_to_active`` would do, without two calls more on every delta)."""
+        self._active = self._primary
+        self.feed = self._primary.feed      # type: ignore[method-assign]
 
     def _feed_all(self, pieces: list[str]) -> list[Event]:
         """Held text, piece by piece: a long run of blanks is never made one string."""
@@ -223,7 +232,7 @@ class WithJsonFallback:
         events = active.feed(text)
         if active is self._fallback:
             if self._fallback.gave_up:
-                self._active = self._primary
+                self._settle()
                 events += self._replay()
             elif self._fallback.handed_over:
                 events += self._hand_over()
@@ -232,7 +241,7 @@ class WithJsonFallback:
     def _hand_over(self) -> list[Event]:
         """Calls were read: what follows is the family parser's (its markup, its calls)."""
         fallback, primary = self._fallback, self._primary
-        self._active = primary
+        self._settle()
         rest, fallback._buf = fallback.handed_text + fallback._buf, ""
         primary.calls = fallback.calls        # call indices go on from the fallback's
         return primary.feed(rest) if rest else []
@@ -245,7 +254,7 @@ class WithJsonFallback:
 
     def flush(self) -> list[Event]:
         if self._active is None:
-            self._active = self._primary
+            self._settle()
             held, self._held = self._held, []
             return self._feed_all(held) + self._primary.flush()
         if self._active is self._fallback:

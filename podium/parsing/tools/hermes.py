@@ -35,6 +35,7 @@ NAME_LIMIT = 200
 class HermesParser(ToolParser):
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     MARKUP = (OPEN, CLOSE)
+    LANE_STATE, LANE_GUARD = "call", "<"   # _s_call without "<": call_object(buf) alone
 
     def __init__(self, tools: ToolSet):
         super().__init__(tools)

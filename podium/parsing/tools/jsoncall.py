@@ -8,12 +8,15 @@ name must be complete (and declared) before the call begins.
 from __future__ import annotations
 
 import json
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Optional, Tuple
 
 from podium.parsing.scan import JsonPrefix, JsonValue
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 _WS = " \t\r\n"
+# The open call's own validator and what takes text it accepted, if the call has none yet
+# (see ``JsonCall.lane``).
+Lane = Optional[Tuple[JsonPrefix, Callable[[str], None]]]
 
 
 class JsonCall:
@@ -27,10 +30,18 @@ class JsonCall:
     _handlers: ClassVar[dict[str, Callable[["JsonCall", str, int], int]]]   # state -> _s_*
 
     def __init__(self, allows: Callable[[str], bool], on_begin: Callable[[str], None],
-                 on_args: Callable[[str], None]):
+                 on_args: Callable[[str], None], lane: Callable[[], Lane] | None = None):
         self._allows = allows
         self._on_begin = on_begin
         self._on_args = on_args
+        self._lane = lane
+        # The arguments object being streamed with the open call's own validator (one scan
+        # checks it, not two): that JsonPrefix while in "args_object", else None. The text
+        # it accepts goes to ``_on_valid`` as it stands. ``pre``: a feed of the next chunk's
+        # whole text the owner already made (its fast path), -1 if none.
+        self.lane: JsonPrefix | None = None
+        self._on_valid: Callable[[str], None] | None = None
+        self.pre = -1
         self._state = "start"
         self._key: str | None = None
         self._value = JsonValue()
@@ -107,21 +118,36 @@ class JsonCall:
         i = self._skip(chunk, i)
         if i < len(chunk):
             if self._key in ARGUMENT_KEYS and chunk[i] == "{":
-                self._prefix, self._state = JsonPrefix(), "args_object"
+                lane = (self._lane() if self._lane is not None and self.name is not None
+                        else None)
+                if lane is not None:        # named, nothing written to the call yet
+                    self._prefix, self._on_valid = lane
+                    self.lane = self._prefix
+                else:
+                    self._prefix, self._on_valid = JsonPrefix(), None
+                self._state = "args_object"
             else:
                 self._value, self._state = JsonValue(), "value"
         return i
 
     def _s_args_object(self, chunk: str, i: int) -> int:
         piece = chunk[i:] if i else chunk
-        n = self._prefix.feed(piece)
+        if self.pre >= 0:                   # fed already (see ``pre``): the same outcome
+            n, self.pre = self.pre, -1
+        else:
+            n = self._prefix.feed(piece)
         if n:
-            self._args(piece if n == len(piece) else piece[:n])
+            text = piece if n == len(piece) else piece[:n]
+            if self._on_valid is not None:
+                self.had_args = True
+                self._on_valid(text)        # accepted by the call's own validator
+            else:
+                self._args(text)
         if self._prefix.broken:
-            self.failed = True
+            self.failed, self.lane = True, None
             return i + n
         if self._prefix.done:
-            self._state = "after"
+            self._state, self.lane = "after", None
         return i + n
 
     def _s_value(self, chunk: str, i: int) -> int:
