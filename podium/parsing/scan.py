@@ -12,15 +12,25 @@ from __future__ import annotations
 import re
 
 
+_DERIVED: dict[tuple[str, ...], tuple[int, str, re.Pattern[str] | None]] = {}
+_DERIVED_MAX = 256          # a family's markup is a handful of sets; never grows past this
+
+
 class Markers:
     """A set of marker strings to look for in streamed text."""
 
     def __init__(self, *markers: str):
-        self.markers = tuple(m for m in markers if m)
-        self._longest = max((len(m) for m in self.markers), default=0)
-        self._firsts = "".join(sorted({m[0] for m in self.markers}))
-        self._any_first = (re.compile("[" + re.escape(self._firsts) + "]")
-                           if len(self._firsts) > 1 else None)
+        self.markers = kept = tuple(m for m in markers if m)
+        # What is derived from the markers (every parser of a family builds the same sets,
+        # several per request): made once per set. Markers never change after this.
+        derived = _DERIVED.get(kept)
+        if derived is None:
+            firsts = "".join(sorted({m[0] for m in kept}))
+            derived = (max((len(m) for m in kept), default=0), firsts,
+                       re.compile("[" + re.escape(firsts) + "]") if len(firsts) > 1 else None)
+            if len(_DERIVED) < _DERIVED_MAX:
+                _DERIVED[kept] = derived
+        self._longest, self._firsts, self._any_first = derived
 
     def absent(self, text: str) -> bool:
         """No character of ``text`` begins a marker: ``find`` would find none in it and

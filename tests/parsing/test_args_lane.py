@@ -159,3 +159,31 @@ def test_fallback_steps_aside_once_the_family_parser_is_in_charge():
     p.text("\nok")
     assert p._tools.feed == p._tools._primary.feed
     assert fold(p.feed([Finish("stop", 1)])).finish == "tool_calls"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(['a', 'é', '🫠', ' ', '\\', 'u', '0', '5', 'f', 'n',
+                                        '\x01', '\n', '\x7f', '/', '\t']), max_size=12))
+def test_plain_strings_read_as_json_reads_them(body):
+    """Keys and names skip the JSON decoder when plain: the same value, the same refusals."""
+    from podium.parsing.tools.jsoncall import _string
+    text = json.dumps(body, ensure_ascii=False) if "\\" not in body else '"' + body + '"'
+    for t in (text, '"' + body.replace('"', "") + '"'):
+        try:
+            expected = json.loads(t)
+        except ValueError:
+            expected = ValueError
+        try:
+            got = _string(t)
+        except ValueError:
+            got = ValueError
+        assert got == expected
+
+
+def test_escaped_names_and_keys_open_calls():
+    for head in ['{"name": "get\\u005fweather", "arguments": ',
+                 '{"n\\u0061me": "get_weather", "argu\\u006dents": ']:
+        deltas = ["<tool_call>", head, '{"city": "P', 'aris"}}', "</tool_call>"]
+        assert args_of(same("hermes", deltas)) == ['{"city": "Paris"}']
+    deltas = ["<tool_call>", '{"name": "get_weather\x01", "arguments": {}}', "</tool_call>"]
+    assert args_of(same("hermes", deltas)) == []

@@ -8,12 +8,14 @@ name must be complete (and declared) before the call begins.
 from __future__ import annotations
 
 import json
+import re
 from typing import Callable, ClassVar, Optional, Tuple
 
 from podium.parsing.scan import JsonPrefix, JsonValue
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 _WS = " \t\r\n"
+_NOT_PLAIN = re.compile(r'[\\\x00-\x1f]')     # an escape, or a character JSON refuses raw
 # The open call's own validator and what takes text it accepted, if the call has none yet
 # (see ``JsonCall.lane``).
 Lane = Optional[Tuple[JsonPrefix, Callable[[str], None]]]
@@ -97,7 +99,7 @@ class JsonCall:
         if end < 0:
             return len(chunk)
         try:
-            self._key = json.loads(self._value.text)
+            self._key = _string(self._value.text)
         except ValueError:                  # a raw control character: not JSON
             self.failed = True
         self._state = "colon"
@@ -167,7 +169,7 @@ class JsonCall:
                 self.failed = True
                 return
             try:
-                name = json.loads(text)
+                name = _string(text) if self._value.kind == "string" else json.loads(text)
             except ValueError:
                 name = None
             if isinstance(name, str):
@@ -219,6 +221,15 @@ class JsonCall:
 
 JsonCall._handlers = {name[3:]: fn for name, fn in vars(JsonCall).items()
                       if name.startswith("_s_")}
+
+
+def _string(text: str) -> str:
+    """A JSON string's value from its whole text (quotes included): ``json.loads(text)``,
+    without the decoder's work when the text is plain (no escape, no raw control character:
+    then the value is what is between the quotes)."""
+    if _NOT_PLAIN.search(text) is None:
+        return text[1:-1]
+    return json.loads(text)
 
 
 def _string_arguments(text: str) -> str:
