@@ -187,3 +187,19 @@ def test_escaped_names_and_keys_open_calls():
         assert args_of(same("hermes", deltas)) == ['{"city": "Paris"}']
     deltas = ["<tool_call>", '{"name": "get_weather\x01", "arguments": {}}', "</tool_call>"]
     assert args_of(same("hermes", deltas)) == []
+
+
+def test_argument_tokens_take_the_fast_path():
+    """Hermes and the JSON fallback: a token inside the arguments never reaches the step."""
+    for family, head in [("hermes", "<tool_call>\n"), ("json", "```json\n")]:
+        p = parser(family)
+        p.text(head + '{"name": "get_weather", "arguments": {"city": "P')
+        tools = p._tools
+        reader = tools._primary if family == "hermes" else tools._fallback
+        steps = []
+        reader._step = lambda buf, step=reader._step: steps.append(buf) or step(buf)
+        got = [p.text(d) for d in ["ar", "is", '", ', '"unit', '": "c"']]
+        assert steps == []
+        assert got == [[ToolCallArgsDelta(0, d)] for d in ["ar", "is", '", ', '"unit', '": "c"']]
+        p.text("}}")
+        assert steps == ["}}"]

@@ -53,8 +53,9 @@ class ToolParser:
     MARKUP: tuple[str, ...] = ()
     _state: str                 # the family's state machine (``_step``), if it keeps one here
     # The state in which the family's step is ``call_object(buf)`` alone (then "more": all
-    # of ``buf`` used) when ``buf`` holds no ``LANE_GUARD``: ``feed``'s fast path for the
-    # arguments object's text there (see ``feed``).
+    # of ``buf`` used; what it keeps of a call object before its name is empty once named)
+    # when ``buf`` holds no ``LANE_GUARD`` (if any): ``feed``'s fast path for the arguments
+    # object's text there (see ``feed``).
     LANE_STATE = ""
     LANE_GUARD = ""
 
@@ -98,7 +99,7 @@ class ToolParser:
                 and not self._back):
             json_call = self._json
             lane = json_call.lane
-            if lane is not None and self.LANE_GUARD not in text:
+            if lane is not None and (not self.LANE_GUARD or self.LANE_GUARD not in text):
                 # Nearly every token of a call's arguments: the arguments object is being
                 # read with the open call's own validator; the step would feed it all of
                 # ``text`` first (call_object -> JsonCall -> _s_args_object). If it takes all

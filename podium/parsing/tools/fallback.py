@@ -20,6 +20,8 @@ _WS = " \t\r\n"
 
 
 class FallbackJsonParser(ToolParser):
+    LANE_STATE = "object"       # _s_object: call_object(buf) alone while it reads ("more")
+
     def __init__(self, tools: ToolSet):
         super().__init__(tools)
         self._state = "start"
