@@ -188,11 +188,39 @@ class JsonPrefix:
             return 0
         i, n = 0, len(text)
         while i < n:
-            if self._in_string and not self._escape:     # skip plain string text at once
-                m = _STRING_SPECIAL.search(text, i)
-                i = m.start() if m else n
-                if i == n:
-                    break
+            if self._in_string:
+                if not self._escape:                    # skip plain string text at once
+                    m = _STRING_SPECIAL.search(text, i)
+                    i = m.start() if m else n
+                    if i == n:
+                        break
+                    if text[i] == '"':                  # the string ends (as _string_char)
+                        self._in_string = False
+                        if self._is_key:
+                            self._expect = "colon"
+                        else:
+                            self._after_value()
+                        i += 1
+                        if self.done:
+                            return i
+                        continue
+            elif not self._token:                       # the commonest structure inline,
+                c = text[i]                             # as _structural does it
+                if c in " \t\r\n":
+                    i += 1
+                    if self.done:                       # after the value: one at a time
+                        return i
+                    continue
+                expect = self._expect
+                if c == '"' and expect != "end" and expect != "colon" and (
+                        expect != "comma_or_end"):
+                    self._in_string, self._is_key = True, expect in ("key", "key_or_end")
+                    i += 1
+                    continue
+                if c == ":" and expect == "colon":
+                    self._expect = "value"
+                    i += 1
+                    continue
             if not self._char(text[i]):
                 self.broken = True
                 return i

@@ -203,3 +203,33 @@ def test_argument_tokens_take_the_fast_path():
         assert got == [[ToolCallArgsDelta(0, d)] for d in ["ar", "is", '", ', '"unit', '": "c"']]
         p.text("}}")
         assert steps == ["}}"]
+
+
+def _by_char(p, text: str) -> int:
+    """``JsonPrefix.feed`` spelled out with ``_char`` alone (no inline structure)."""
+    if p.broken:
+        return 0
+    for i, c in enumerate(text):
+        if not p._char(c):
+            p.broken = True
+            return i
+        if p.done:
+            return i + 1
+    return len(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(['{', '}', '[', ']', '"', ':', ',', ' ', '\n', 'a', 'é', '\\',
+                                 'u', '0', 'n', 'true', '1', '-', '.', 'e', '\x01', '": ',
+                                 '", "', ' {"', '"}', 'null']), max_size=30).map("".join),
+       st.lists(st.integers(min_value=1, max_value=8), max_size=30), st.booleans())
+def test_json_prefix_inline_structure_is_char_by_char(text, sizes, braced):
+    """The validator's inline steps (blanks, quotes, colons) do what ``_char`` does."""
+    from podium.parsing.scan import JsonPrefix
+    text = "{" + text if braced else text
+    fast, ref = JsonPrefix(), JsonPrefix()
+    i = 0
+    for size in [*sizes, len(text)]:
+        piece, i = text[i:i + size], i + size
+        assert fast.feed(piece) == _by_char(ref, piece)
+        assert vars(fast) == vars(ref) and fast.completion() == ref.completion()
