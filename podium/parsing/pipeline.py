@@ -35,17 +35,7 @@ class OutputParser:
             if type(event) is TextDelta:
                 if event.logprobs:
                     self._logprobs += event.logprobs
-                if reasoning is not None and not reasoning.finished:
-                    parsed = reasoning.feed(event.text)
-                    # Still in "reasoning" after the delta, the parser gave reasoning alone
-                    # (text, the answer, comes only once it left): nothing to route.
-                    if tools is not None and reasoning.state != "reasoning":
-                        parsed = self._route(parsed)
-                    out += parsed
-                elif tools is not None:
-                    out += tools.feed(event.text)
-                else:
-                    out.append(TextDelta(event.text))
+                out += self._parse(event.text)
             elif type(event) is Finish:
                 out += self._route(reasoning.flush() if reasoning is not None else [])
                 if tools is not None:
@@ -58,16 +48,22 @@ class OutputParser:
     def text(self, text: str) -> list[Event]:
         """What ``feed([TextDelta(text)])`` gives: the one-token path (a raw text delta
         without logprobs), with no event list to walk."""
+        out = self._parse(text)
+        return self._attach_logprobs(out) if self._logprobs else out
+
+    def _parse(self, text: str) -> list[Event]:
+        """The events of one raw text delta: reasoning first, then tool calls."""
         reasoning, tools = self._reasoning, self._tools
         if reasoning is not None and not reasoning.finished:
             out = reasoning.feed(text)
-            if tools is not None and reasoning.state != "reasoning":    # as in feed()
+            # Still in "reasoning" after the delta, the parser gave reasoning alone (text,
+            # the answer, comes only once it left): nothing to route.
+            if tools is not None and reasoning.state != "reasoning":
                 out = self._route(out)
-        elif tools is not None:
-            out = tools.feed(text)
-        else:
-            out = [TextDelta(text)]
-        return self._attach_logprobs(out) if self._logprobs else out
+            return out
+        if tools is not None:
+            return tools.feed(text)
+        return [TextDelta(text)]
 
     def _route(self, events: list[Event]) -> list[Event]:
         """The reasoning parser's events: its text (the answer after the reasoning) goes on

@@ -44,12 +44,16 @@ class ChatChunks:
         self._reasoning = reasoning_fields(reasoning_field)
         # b'data: {"id":...,"model":"..."' : the head's encoding without its closing brace
         self._open = b"data: " + orjson.dumps(self._head)[:-1]
-        self._text_heads: dict[int, bytes] = {}        # choice index -> template head
-        self._reasoning_heads: dict[int, bytes] = {}
+        self._heads: dict[tuple[int, str], bytes] = {}  # (choice, delta field) -> its head
 
-    def _template(self, index: int, field: str) -> bytes:
-        return (self._open + b',"choices":[{"index":' + str(index).encode()
-                + b',"delta":{' + orjson.dumps(field) + b":")
+    def _delta(self, index: int, field: str, text: str) -> bytes:
+        """The chunk whose delta is ``{field: text}``, from its pre-encoded template."""
+        head = self._heads.get((index, field))
+        if head is None:
+            head = self._heads[index, field] = (
+                self._open + b',"choices":[{"index":' + str(index).encode() + b',"delta":{'
+                + orjson.dumps(field) + b":")
+        return head + orjson.dumps(text) + self._TAIL
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
                logprobs: Any = None) -> bytes:
@@ -63,15 +67,9 @@ class ChatChunks:
     def event(self, index: int, event: Event) -> bytes | None:
         kind = type(event)
         if kind is TextDelta and not self._logprobs:       # the per-token cases first
-            head = self._text_heads.get(index)
-            if head is None:
-                head = self._text_heads[index] = self._template(index, "content")
-            return head + orjson.dumps(event.text) + self._TAIL   # type: ignore[union-attr]
+            return self._delta(index, "content", event.text)      # type: ignore[union-attr]
         if kind is ReasoningDelta and len(self._reasoning) == 1:
-            head = self._reasoning_heads.get(index)
-            if head is None:
-                head = self._reasoning_heads[index] = self._template(index, self._reasoning[0])
-            return head + orjson.dumps(event.text) + self._TAIL   # type: ignore[union-attr]
+            return self._delta(index, self._reasoning[0], event.text)  # type: ignore[union-attr]
         if isinstance(event, TextDelta):
             lp = None
             if self._logprobs:

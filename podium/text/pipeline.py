@@ -143,10 +143,7 @@ class TextStream:
             return parser.text(delta) if delta else []
         before = reasoning.state
         events = parser.text(delta) if delta else []
-        if before == "reasoning":
-            self._reasoning_tokens += 1
-        else:
-            self._count_reasoning(before, reasoning.state, 1)
+        self._count_reasoning(before, reasoning.state, 1)
         return events
 
     def _count_reasoning(self, before: str, after: str, tokens: int) -> None:
