@@ -105,8 +105,12 @@ class Settings:
         32768, "Characters of an MCP tool's output kept for the model; the rest is cut, the "
         "cut marked (0: no limit).")
     secret_key: str | None = _opt(
-        None, "Key that signs reasoning handed to clients (encrypted_content); default: one "
-        "made once in the data directory. Replicas must share it.")
+        None, "Key that seals reasoning handed to clients (encrypted_content, thinking "
+        "signatures: encrypted and bound to the API key); default: one made once in the data "
+        "directory. Replicas must share it.")
+    max_seal_bytes: int = _opt(
+        2 * 1024 * 1024, "Longest sealed reasoning (encrypted_content, a thinking signature) "
+        "taken back from a client, in characters; longer is refused (400) before decoding.")
     # engine
     ctx_size: int = _opt(0, "Context window of each sequence in tokens (0, the default: the "
                          "model's trained length, 32768 for the default model, enough for "

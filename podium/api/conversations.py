@@ -3,9 +3,13 @@
 A conversation is an ordered list of items (messages, tool calls and their outputs,
 reasoning) that belongs to the API key that made it, as a stored response does: another
 key's conversation is a 404, the same answer as for one that never was. Items are validated
-exactly as the Responses API validates its ``input`` (``translate.normalize_input``) and get
-ids when they come without; they are stored in the shapes OpenAI lists them in (a message's
-text as content parts, ``status`` on messages, calls and outputs).
+by the function that validates the Responses API's ``input`` (``translate.check_item``:
+shape, text-only content, status, a seal that opens for the caller's key, ids unique within
+the conversation, no client-made ``mcp_approval_request``) and get ids when they come
+without; they are stored in the shapes OpenAI lists them in (a message's text as content
+parts, ``status`` on messages, calls and outputs). A conversation's stored items are checked
+again before a response uses them, so an item stored before these checks (or altered in the
+database) is a 400 naming the conversation and the item, not a failure deep in rendering.
 
 ``responses.create(conversation=...)`` reads the conversation's items before its input and,
 when the response finishes, appends its input and output items (``append_turn``): see the
@@ -14,17 +18,21 @@ append policy in docs/architecture.md ("Conversations").
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
-from podium.api.responses.translate import new_item_id, normalize_input
+from podium.api.responses.translate import check_item, duplicate_id, new_item_id, normalize_input
+from podium.api.sealing import Sealer
 from podium.errors import InvalidRequestError, NotFoundError
+from podium.generation import off_loop
 from podium.protocol.conversations import (ConversationCreateRequest,
                                            ConversationUpdateRequest, ItemsCreateRequest)
 from podium.settings import Settings
 from podium.store.base import NO_OWNER
-from podium.store.conversations import ConversationStore
+from podium.store.conversations import ConversationStore, ItemIdTaken
 
+log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 MAX_ITEMS = 20                    # items in one create (of a conversation, or of items)
@@ -103,9 +111,10 @@ def _page(items: list[Obj], more: bool) -> Obj:
 
 
 class ConversationsService:
-    def __init__(self, store: ConversationStore, settings: Settings):
+    def __init__(self, store: ConversationStore, settings: Settings, sealer: Sealer):
         self._store = store
         self._settings = settings
+        self._sealer = sealer
 
     async def startup(self) -> None:
         """Retention, as for responses: conversations not updated within it go."""
@@ -113,15 +122,15 @@ class ConversationsService:
             await self._store.prune(time.time() - self._settings.response_retention_days
                                     * 86400)
 
-    @staticmethod
-    def _items(raw: list[Obj] | None) -> list[Obj]:
+    def _items(self, raw: list[Obj] | None, owner: str) -> list[Obj]:
         raw = raw or []
         if len(raw) > MAX_ITEMS:
             raise InvalidRequestError(
                 f"Invalid 'items': array too long. Expected an array with maximum length "
                 f"{MAX_ITEMS}, but got an array with length {len(raw)} instead.",
                 param="items")
-        return [as_item(item) for item in normalize_input(raw, param="items")]
+        return [as_item(item) for item in normalize_input(raw, self._sealer, owner,
+                                                          param="items")]
 
     @staticmethod
     def _missing(conversation_id: str, param: str = "conversation_id") -> NotFoundError:
@@ -132,7 +141,7 @@ class ConversationsService:
 
     async def create(self, req: ConversationCreateRequest, owner: str = NO_OWNER) -> Obj:
         metadata = check_metadata(req.metadata)
-        items = self._items(req.items)
+        items = self._items(req.items, owner)
         return await self._store.create(new_item_id("conv"), owner, metadata, items)
 
     async def retrieve(self, conversation_id: str, owner: str = NO_OWNER) -> Obj:
@@ -158,8 +167,13 @@ class ConversationsService:
     async def add_items(self, conversation_id: str, req: ItemsCreateRequest,
                         include: list[str] | None, owner: str = NO_OWNER) -> Obj:
         shown = check_include(include)
-        items = self._items(req.items)
-        if not await self._store.append(conversation_id, owner, items):
+        items = self._items(req.items, owner)
+        try:    # ids already in the conversation: checked in the appending transaction
+            appended = await self._store.append(conversation_id, owner, items)
+        except ItemIdTaken as exc:
+            i = next(i for i, item in enumerate(items) if item["id"] == exc.item_id)
+            raise duplicate_id(exc.item_id, f"items[{i}].id") from None
+        if not appended:
             raise self._missing(conversation_id)
         return _page([_shown(item, shown) for item in items], False)
 
@@ -196,11 +210,24 @@ class ConversationsService:
     # -- for the Responses API ----------------------------------------------------------
 
     async def history(self, conversation_id: str, owner: str) -> list[Obj]:
-        """Every item of the conversation, oldest first (404 naming ``conversation``)."""
+        """Every item of the conversation, oldest first (404 naming ``conversation``), each
+        checked as new items are (400 naming the conversation and the item)."""
         items = await self._store.all_items(conversation_id, owner)
         if items is None:
             raise self._missing(conversation_id, param="conversation")
+        await off_loop(self._check_stored, conversation_id, items, owner, sized_by_body=False)
         return items
+
+    def _check_stored(self, conversation_id: str, items: list[Obj], owner: str) -> None:
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            try:
+                check_item(item, f"items[{i}]", self._sealer, owner, seen, made_here=True)
+            except InvalidRequestError as exc:
+                raise InvalidRequestError(
+                    f"Conversation {conversation_id!r} holds an item this server cannot use "
+                    f"(item {item.get('id')!r}, {exc.param}): {exc.message.rstrip('.')}. Delete "
+                    f"the item to continue the conversation.", param="conversation") from None
 
     async def append_turn(self, conversation_id: str, owner: str, response: Obj,
                           input_items: list[Obj]) -> bool:
@@ -211,4 +238,9 @@ class ConversationsService:
             return False
         items = [as_item(item) for item in input_items]
         items += [as_item(item) for item in response.get("output") or ()]
-        return bool(items) and await self._store.append(conversation_id, owner, items)
+        try:
+            return bool(items) and await self._store.append(conversation_id, owner, items)
+        except ItemIdTaken as exc:     # a concurrent turn added the same input id first
+            log.warning("conversation %s already holds item %r: a turn was not appended",
+                        conversation_id, exc.item_id)
+            return False

@@ -12,7 +12,11 @@ model's dialect, and ``render.messages`` renders the choice's events as Anthropi
 - ``tool_result`` blocks become tool messages (before the user's text in the same turn);
   ``is_error`` results say so in their text.
 - ``thinking`` blocks are trusted into the prompt only when their ``signature`` is this
-  server's seal of their text (``redacted_thinking``: their ``data``); others are left out.
+  server's seal of their text for the caller's API key (``redacted_thinking``: their
+  ``data``); others (another server's, another key's, an old ``podium.v1`` one) are left out,
+  as Anthropic's own signatures must be when Claude Code switches to Podium mid-session.
+- ``tools`` follow Chat's name rule (letters, digits, ``_``, ``-``, ``.``; at most 128),
+  and no two share a name.
 - ``tool_choice`` ``any`` / ``tool`` are forced by the same grammar as Chat's ``required`` /
   named function; ``thinking: disabled`` turns the template's thinking switch off.
 - ``max_tokens`` is a ceiling: cut to what the context has left (Claude Code asks 128,000).
@@ -23,6 +27,7 @@ model's dialect, and ``render.messages`` renders the choice's events as Anthropi
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -41,6 +46,7 @@ from podium.parsing.events import Event, Finish, Usage
 from podium.protocol.messages import CountTokensRequest, MessageParam, MessagesRequest
 from podium.render.messages import MessageBuilder
 from podium.settings import Settings
+from podium.store.base import NO_OWNER
 
 log = logging.getLogger(__name__)
 
@@ -56,35 +62,38 @@ class MessagesService:
         self._settings = settings
         self._sealer = sealer
 
-    async def create(self, req: MessagesRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
+    async def create(self, req: MessagesRequest, owner: str = NO_OWNER
+                     ) -> dict[str, Any] | AsyncGenerator[dict, None]:
         check_model(req.model, self._engine, self._settings)
-        prepared = await off_loop(self._prepare, req)
+        prepared = await off_loop(self._prepare, req, owner)
         choice = prepared.choices[0]
         start(self._engine, [choice])
         omit = req.thinking is not None and req.thinking.display == "omitted"
         builder = MessageBuilder(new_message_id(), req.model, prepared.prompt_tokens,
-                                 self._sealer.seal, omit_thinking=omit)
+                                 functools.partial(self._sealer.seal, owner=owner),
+                                 omit_thinking=omit)
         if req.stream:
             return self._stream(builder, choice)
         async for _ in self._events(builder, choice):
             pass
         return builder.message
 
-    async def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
+    async def count_tokens(self, req: CountTokensRequest, owner: str = NO_OWNER
+                           ) -> dict[str, Any]:
         """The prompt's tokens as the model would see them: template, system and tools."""
         check_model(req.model, self._engine, self._settings)
-        return {"input_tokens": await off_loop(self._count, req)}
+        return {"input_tokens": await off_loop(self._count, req, owner)}
 
-    def _count(self, req: CountTokensRequest) -> int:
+    def _count(self, req: CountTokensRequest, owner: str) -> int:
         options = self._options(req, None)
         check_options(options)
-        return len(self._dialect.prompt(self._conversation(req), options).token_ids)
+        return len(self._dialect.prompt(self._conversation(req, owner), options).token_ids)
 
-    def _prepare(self, req: MessagesRequest) -> Prepared:
+    def _prepare(self, req: MessagesRequest, owner: str) -> Prepared:
         options = self._options(req, req)
         try:
-            return prepare(self._engine, self._dialect, self._conversation(req), options,
-                           self._settings)
+            return prepare(self._engine, self._dialect, self._conversation(req, owner),
+                           options, self._settings)
         except ContextLengthExceeded as exc:
             if exc.tokens is None:
                 raise
@@ -122,22 +131,24 @@ class MessagesService:
 
     # -- translation ----------------------------------------------------------------------
 
-    def _conversation(self, req: CountTokensRequest | MessagesRequest) -> Conversation:
-        return Conversation(self._messages(req.messages), _system(req.system))
+    def _conversation(self, req: CountTokensRequest | MessagesRequest, owner: str
+                      ) -> Conversation:
+        return Conversation(self._messages(req.messages, owner), _system(req.system))
 
-    def _messages(self, messages: list[MessageParam]) -> list[Message]:
+    def _messages(self, messages: list[MessageParam], owner: str) -> list[Message]:
         out: list[Message] = []
         for i, message in enumerate(messages):
             where = f"messages[{i}]"
             if message.role == "assistant":
-                out.append(self._assistant(message.content, where))
+                out.append(self._assistant(message.content, where, owner))
             elif message.role == "system":
                 out.append(Message("system", _text_blocks(message.content, where), where))
             else:
                 out += _user(message.content, where)
         return out
 
-    def _assistant(self, content: str | list[dict[str, Any]], where: str) -> Message:
+    def _assistant(self, content: str | list[dict[str, Any]], where: str, owner: str
+                   ) -> Message:
         message = Message("assistant", [], where)
         if isinstance(content, str):
             message.parts.append(TextPart(content))
@@ -151,7 +162,7 @@ class MessagesService:
                 message.tool_calls.append(ToolCall(_field(block, "id", str, at),
                                                    _field(block, "name", str, at), arguments))
             elif kind in ("thinking", "redacted_thinking"):
-                reasoning = self._reasoning(block, kind)
+                reasoning = self._reasoning(block, kind, owner)
                 if reasoning is not None:
                     message.reasoning = reasoning
             else:
@@ -160,15 +171,16 @@ class MessagesService:
         message.empty = not message.parts and bool(message.tool_calls)
         return message
 
-    def _reasoning(self, block: dict[str, Any], kind: str) -> Reasoning | None:
-        """A thinking block this server signed, opened; anything else is left out."""
+    def _reasoning(self, block: dict[str, Any], kind: str, owner: str) -> Reasoning | None:
+        """A thinking block this server sealed for ``owner``, opened; anything else is left
+        out."""
         sealed = block.get("signature") if kind == "thinking" else block.get("data")
         if not isinstance(sealed, str):
             return None
         try:
-            text = self._sealer.unseal(sealed)
-        except InvalidRequestError:
-            log.warning("leaving out a %s block this server did not sign", kind)
+            text = self._sealer.unseal(sealed, owner)
+        except InvalidRequestError as exc:
+            log.warning("leaving out a %s block: %s", kind, exc.message)
             return None
         if kind == "thinking" and block.get("thinking") not in (text, ""):  # "": omitted
             log.warning("leaving out a thinking block whose text does not match its signature")
@@ -209,8 +221,14 @@ class MessagesService:
 
     def _tools(self, req: CountTokensRequest | MessagesRequest) -> list[Tool]:
         tools = []
+        named: dict[str, int] = {}
         for i, tool in enumerate(req.tools or ()):
             where = f"tools[{i}]"
+            if tool.name in named:      # the model could not tell them apart
+                raise InvalidRequestError(
+                    f"{where}.name: tool names must be unique ({tool.name!r} is also "
+                    f"tools[{named[tool.name]}].name)", param=f"{where}.name")
+            named[tool.name] = i
             if tool.type not in _CLIENT_TOOL_TYPES or tool.input_schema is None:
                 if self._settings.strict_tools:
                     raise InvalidRequestError(f"Tool {tool.name!r} of type {tool.type!r} is a "

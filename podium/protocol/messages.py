@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from podium.protocol.chat import TOOL_NAME_PATTERN
 from podium.protocol.common import LENIENT
 
 
@@ -26,7 +27,7 @@ class ToolParam(BaseModel):
     """A client tool (``input_schema``) or a typed server tool (``type`` and no schema)."""
 
     model_config = LENIENT
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, pattern=TOOL_NAME_PATTERN)   # as Chat's
     type: str | None = None
     description: str | None = None
     input_schema: dict[str, Any] | None = None

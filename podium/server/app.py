@@ -93,8 +93,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     store = SQLStore(settings.store_url)
     dialect = select_dialect(engine, settings)
     chat = ChatService(engine, dialect, settings)
-    sealer = Sealer(load_key(settings.secret_key, data_dir()))
-    conversations = ConversationsService(ConversationStore(store.engine), settings)
+    sealer = Sealer(load_key(settings.secret_key, data_dir()), settings.max_seal_bytes)
+    conversations = ConversationsService(ConversationStore(store.engine), settings, sealer)
     responses = ResponsesService(engine, dialect, store, settings, sealer, conversations)
 
     @contextlib.asynccontextmanager
@@ -194,12 +194,13 @@ def _routes(app: FastAPI) -> None:
 
     @app.post("/v1/messages", responses=_STREAMING)
     async def messages(body: MessagesRequest, request: Request):
-        return respond(await unless_gone(request, request.app.state.messages.create(body)),
-                       anthropic=True)
+        return respond(await unless_gone(request, request.app.state.messages.create(
+            body, _owner(request))), anthropic=True)
 
     @app.post("/v1/messages/count_tokens", responses=_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request):
-        return json_response(await request.app.state.messages.count_tokens(body))
+        return json_response(await request.app.state.messages.count_tokens(
+            body, _owner(request)))
 
     @app.get("/v1/models")
     async def list_models(request: Request):

@@ -14,7 +14,9 @@ moves the conversation's ``next_position`` on by the number of items (a write th
 row: ``FOR UPDATE`` on PostgreSQL, the database's write lock on SQLite) and the items are
 inserted at the positions it freed, before the commit. Two appends to one conversation are
 therefore serialized on that row: each one's items are contiguous, in the order the appends
-committed. A delete of the conversation takes the same row first, so an append either lands
+committed. Item ids are unique within a conversation: an append whose ids are already there
+(looked up while the row is held, so two appends cannot both add one) adds nothing and raises
+``ItemIdTaken``. A delete of the conversation takes the same row first, so an append either lands
 before it (and its items are deleted with the rest) or finds no conversation and adds
 nothing.
 
@@ -51,6 +53,14 @@ conversation_items = sa.Table(
     sa.Index("ix_podium_conversation_items_item", "conversation_id", "item_id"),
 )
 _PRUNE_BATCH = 500          # ids per statement (SQLite bounds bound parameters)
+
+
+class ItemIdTaken(Exception):
+    """An appended item's id is already in the conversation (nothing was appended)."""
+
+    def __init__(self, item_id: str):
+        super().__init__(item_id)
+        self.item_id = item_id
 
 Obj = dict[str, Any]
 
@@ -143,6 +153,7 @@ class ConversationStore:
                     next_position=c.c.next_position + len(items),
                     updated_at=time.time())).rowcount:
                 return False
+            _check_new(db, conversation_id, [item["id"] for item in items])
             end = db.execute(sa.select(c.c.next_position).where(
                 c.c.id == conversation_id)).scalar_one()
             _insert_items(db, conversation_id, end - len(items), items)
@@ -246,6 +257,17 @@ def _row(db: sa.Connection, conversation_id: str, owner: str) -> Any:
     c = conversations
     return db.execute(sa.select(c.c.id, c.c.created_at, c.c.meta).where(
         c.c.id == conversation_id, c.c.owner == owner)).first()
+
+
+def _check_new(db: sa.Connection, conversation_id: str, ids: list[str]) -> None:
+    """ItemIdTaken (the transaction rolls back) if one of ``ids`` is in the conversation."""
+    t = conversation_items
+    for i in range(0, len(ids), _PRUNE_BATCH):
+        taken = db.execute(sa.select(t.c.item_id).where(
+            t.c.conversation_id == conversation_id,
+            t.c.item_id.in_(ids[i:i + _PRUNE_BATCH])).limit(1)).scalar()
+        if taken is not None:
+            raise ItemIdTaken(taken)
 
 
 def _insert_items(db: sa.Connection, conversation_id: str, start: int, items: list[Obj]) -> None:

@@ -78,12 +78,16 @@ def check_stream(events: list[dict]) -> None:
     assert open_index is None
 
 
-def comparable(message) -> dict:
+def comparable(message, http) -> dict:
+    """The message without its ids; a signature as the thinking it seals (a seal's nonce
+    is random: two seals of one text differ)."""
     data = message.model_dump() if hasattr(message, "model_dump") else dict(message)
     data.pop("id")
     for block in data["content"]:
         block.pop("id", None)
         block.pop("parsed_output", None)
+        if block.get("signature"):
+            block["signature"] = http.app.state.messages._sealer.unseal(block["signature"], "")
     return data
 
 
@@ -101,7 +105,7 @@ def test_message_and_stream_agree(serve):
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
     with sdk.messages.stream(**ask(tools=TOOLS)) as stream:
         final = stream.get_final_message()
-    assert comparable(final) == comparable(message)
+    assert comparable(final, http) == comparable(message, http)
     r = http.post(URL + "?beta=true", json=ask(tools=TOOLS, stream=True),
                   headers={"anthropic-version": "2023-06-01",
                            "anthropic-beta": "no-such-beta-2099-01-01"})
@@ -118,13 +122,13 @@ def test_message_and_stream_agree(serve):
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])
 def test_any_chunking_gives_the_same_message(serve, step):
     reply = f"<think>Let me think.</think>Looking it up now.{CALL}"
-    sdk, _ = serve([reply, reply], tokens_per_step=step)
-    plain = comparable(sdk.messages.create(**ask(tools=TOOLS)))
+    sdk, http = serve([reply, reply], tokens_per_step=step)
+    plain = comparable(sdk.messages.create(**ask(tools=TOOLS)), http)
     with sdk.messages.stream(**ask(tools=TOOLS)) as stream:
-        streamed = comparable(stream.get_final_message())
+        streamed = comparable(stream.get_final_message(), http)
     assert plain == streamed
-    reference, _ = serve([reply], tokens_per_step=1)
-    assert plain == comparable(reference.messages.create(**ask(tools=TOOLS)))
+    reference, http = serve([reply], tokens_per_step=1)
+    assert plain == comparable(reference.messages.create(**ask(tools=TOOLS)), http)
 
 
 @pytest.mark.parametrize("choice, forced", [({"type": "any"}, "required"),
@@ -256,7 +260,7 @@ def test_a_claude_code_shaped_request(serve):
                        "<think>Retry with sudo.</think>Trying again."],
                       template="model", context=8192, model_alias=("claude-*=" + SERVED,))
     signed = sdk.messages.create(**ask()).content  # noqa: F841 - signs nothing (no thinking)
-    good = http.app.state.messages._sealer.seal("I should run ls.")
+    good = http.app.state.messages._sealer.seal("I should run ls.", "")
     body = claude_code_request(good, "EqQBCkgIARABGAIiQL" + "x" * 40)
     r = http.post(URL + "?beta=true", json=body, headers={"x-api-key": "k"})
     assert r.status_code == 200, r.text

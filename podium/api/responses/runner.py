@@ -48,6 +48,7 @@ class Plan:
     # the model again, on the conversation extended by ``output`` (True: offer no tools)
     again: Callable[[list[Obj], bool], Awaitable[Choice]] | None = None
     max_tool_calls: int | None = None
+    owner: str = ""                     # the API key's id: reasoning is sealed for it alone
 
 
 class Run:

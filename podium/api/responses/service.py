@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import secrets
 import time
@@ -149,7 +150,6 @@ class ResponsesService:
             raise
 
     async def _plan(self, req: ResponsesRequest, owner: str) -> Plan:
-        items = normalize_input(req.input)
         history: list[dict[str, Any]] = []
         response, source = skeleton(req), "previous_response_id"
         if req.previous_response_id:
@@ -157,6 +157,9 @@ class ResponsesService:
         elif req.conversation is not None:
             history, source = await self._conversation(req.conversation, owner), "conversation"
             response["conversation"] = {"id": _conversation_id(req.conversation)}
+        # the input joins the conversation: its ids must be new to it
+        items = normalize_input(req.input, self._sealer, owner, taken=(
+            item["id"] for item in history if source == "conversation"))
         tools = ToolMap(req.tools, strict=self._settings.strict_tools)
         servers = mcp.servers(req.tools, self._settings.mcp_allow)
         sessions = (mcp.Sessions(servers, self._settings.mcp_timeout,
@@ -174,7 +177,7 @@ class ResponsesService:
             wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
             prepared = await off_loop(self._prepare_fitting, req, history + items + approved,
                                       wheres + ["input"] * len(approved), tools, options,
-                                      sized_by_body=not history and sessions is None)
+                                      owner, sized_by_body=not history and sessions is None)
         except BaseException:
             if sessions is not None:
                 await sessions.close()
@@ -186,7 +189,7 @@ class ResponsesService:
             done = as_input(output)
             following = await off_loop(self._prepare_fitting, req, history + items + done,
                                        wheres + ["output"] * len(done), tools, later,
-                                       sized_by_body=False)     # with the model's output
+                                       owner, sized_by_body=False)  # with the model's output
             start(self._engine, [following.choices[0]])
             return following.choices[0]
 
@@ -195,7 +198,7 @@ class ResponsesService:
                     "reasoning.encrypted_content" in set(req.include or ()), mcp=sessions,
                     listings=listings, approved=approved,
                     again=again if sessions is not None else None,
-                    max_tool_calls=req.max_tool_calls)
+                    max_tool_calls=req.max_tool_calls, owner=owner)
 
     async def _mcp_tools(self, servers: list[mcp.Server], sessions: mcp.Sessions,
                          conversation: list[dict[str, Any]], tools: ToolMap
@@ -260,16 +263,17 @@ class ResponsesService:
         return items
 
     def _prepare(self, req: ResponsesRequest, items: list[dict[str, Any]], wheres: list[str],
-                 tools: ToolMap, options: Options) -> Prepared:
+                 tools: ToolMap, options: Options, owner: str) -> Prepared:
         """The conversation rendered and tokenized (on a worker thread: see ``off_loop``)."""
         if not items:
             raise InvalidRequestError("input is empty: give at least one item", param="input")
-        conversation = to_conversation(req.instructions, items, wheres, tools,
-                                       self._sealer.unseal)
+        conversation = to_conversation(req.instructions, items, wheres, tools, self._sealer,
+                                       owner)
         return prepare(self._engine, self._dialect, conversation, options, self._settings)
 
     def _prepare_fitting(self, req: ResponsesRequest, items: list[dict[str, Any]],
-                         wheres: list[str], tools: ToolMap, options: Options) -> Prepared:
+                         wheres: list[str], tools: ToolMap, options: Options,
+                         owner: str) -> Prepared:
         """``_prepare`` of the whole conversation or, with ``truncation: "auto"``, of the
         longest tail of whole turns that fits the context.
 
@@ -277,7 +281,7 @@ class ResponsesService:
         boundaries: a few renders for any length of history, not one per dropped turn.
         """
         try:
-            return self._prepare(req, items, wheres, tools, options)
+            return self._prepare(req, items, wheres, tools, options, owner)
         except ContextLengthExceeded:
             cuts = turn_starts(items)
             if req.truncation != "auto" or len(cuts) == 1:
@@ -286,14 +290,16 @@ class ResponsesService:
 
         def attempt(j: int) -> bool:
             try:
-                fits[j] = self._prepare(req, items[cuts[j]:], wheres[cuts[j]:], tools, options)
+                fits[j] = self._prepare(req, items[cuts[j]:], wheres[cuts[j]:], tools, options,
+                                        owner)
                 return True
             except ContextLengthExceeded:
                 return False
 
         low, high = 0, len(cuts) - 1         # cuts[low] does not fit
         if not attempt(high):                # raises: nothing fits
-            return self._prepare(req, items[cuts[high]:], wheres[cuts[high]:], tools, options)
+            return self._prepare(req, items[cuts[high]:], wheres[cuts[high]:], tools, options,
+                                 owner)
         while high - low > 1:
             middle = (low + high) // 2
             if attempt(middle):
@@ -305,7 +311,8 @@ class ResponsesService:
     # -- running ------------------------------------------------------------------------
 
     def _run(self, plan: Plan) -> Run:
-        return Run(plan, self._engine, self._sealer.seal if plan.seal else None)
+        return Run(plan, self._engine,
+                   functools.partial(self._sealer.seal, owner=plan.owner) if plan.seal else None)
 
     async def _events(self, run: Run, turn: Turn | None) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events; in a conversation, the finished turn is appended to it before

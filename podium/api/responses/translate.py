@@ -16,11 +16,12 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Iterable
 
 from pydantic import TypeAdapter, ValidationError
 
 from podium.api.responses.mcp import error_text
+from podium.api.sealing import Sealer
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
                                  Role, TextPart, Tool, ToolCall)
 from podium.engine.base import SamplingParams
@@ -42,6 +43,8 @@ UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_in
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}},
                      "required": ["input"]}
 MAX_ITEM_ID = 64            # as the store's item id columns
+STATUSES = frozenset({"in_progress", "completed", "incomplete"})      # OpenAI's item statuses
+MCP_CALL_STATUSES = STATUSES | {"calling", "failed"}
 MAX_TOOL_NAME = 128         # the flattened ``ns__fn`` included, as chat's function names
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 
@@ -50,30 +53,60 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def normalize_input(raw: str | list[dict[str, Any]], param: str = "input"
-                    ) -> list[dict[str, Any]]:
-    """Validated input items as plain dicts, each with an id (for listing them later);
-    errors name ``param[i]`` (``input[2]``, or a conversation's ``items[2]``)."""
+def normalize_input(raw: str | list[dict[str, Any]], sealer: Sealer, owner: str,
+                    param: str = "input", taken: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """A client's items (``responses.create``'s ``input``, a conversation's ``items``),
+    validated by ``check_item`` and each given an id (for listing them later); errors name
+    ``param[i]``. ``taken``: ids already in the conversation they join."""
     if isinstance(raw, str):
         raw = [{"type": "message", "role": "user", "content": raw}]
-    items = []
-    for i, data in enumerate(raw):
-        if "type" not in data and "role" in data:
-            data = {**data, "type": "message"}
-        try:
-            item = _ITEMS.validate_python(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"][1:])
-            raise InvalidRequestError(f"Invalid input item {i}: {where}: {first['msg']}",
-                                      param=f"{param}[{i}]") from None
-        if item.id is not None and len(item.id) > MAX_ITEM_ID:
+    seen = set(taken)
+    return [check_item(data, f"{param}[{i}]", sealer, owner, seen) for i, data in enumerate(raw)]
+
+
+def check_item(data: dict[str, Any], where: str, sealer: Sealer, owner: str, seen: set[str],
+               *, made_here: bool = False) -> dict[str, Any]:
+    """The one validation of an input item, wherever it comes from: its shape, its id (at
+    most ``MAX_ITEM_ID`` characters, not in ``seen``, which it joins), its status, text-only
+    content, a seal that opens for ``owner``; ``mcp_approval_request`` items only when
+    ``made_here`` (Podium makes them: a stored conversation's). The item as a plain dict."""
+    if "type" not in data and "role" in data:
+        data = {**data, "type": "message"}
+    try:
+        item = _ITEMS.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"][1:])
+        raise InvalidRequestError(f"Invalid input item {where}: {field}: {first['msg']}",
+                                  param=where) from None
+    out = item.model_dump(exclude_none=True)
+    if item.id is not None:
+        if len(item.id) > MAX_ITEM_ID:
             raise InvalidRequestError(f"Item ids are limited to {MAX_ITEM_ID} characters",
-                                      param=f"{param}[{i}].id")
-        out = item.model_dump(exclude_none=True)
-        out["id"] = item.id or new_item_id(_ID_PREFIX[item.type])
-        items.append(out)
-    return items
+                                      param=f"{where}.id")
+        if item.id in seen:
+            raise duplicate_id(item.id, f"{where}.id")
+    out["id"] = item.id or new_item_id(_ID_PREFIX[item.type])
+    seen.add(out["id"])
+    allowed = MCP_CALL_STATUSES if item.type == "mcp_call" else STATUSES
+    if "status" in out and out["status"] not in allowed:
+        raise InvalidRequestError(f"Invalid status {out['status']!r}: expected one of "
+                                  f"{', '.join(sorted(allowed))}", param=f"{where}.status")
+    if item.type == "mcp_approval_request" and not made_here:
+        raise InvalidRequestError(
+            "mcp_approval_request items are made by Podium alone: answer one with an "
+            "mcp_approval_response", param=where)
+    for field in ("content", "output"):
+        if item.type != "reasoning" and isinstance(out.get(field), list):
+            _text_only(out[field], f"{where}.{field}")
+    if out.get("encrypted_content"):
+        sealer.unseal(out["encrypted_content"], owner, param=f"{where}.encrypted_content")
+    return out
+
+
+def duplicate_id(item_id: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(f"Duplicate item id {item_id!r}: item ids are unique within a "
+                               f"conversation", param=param)
 
 
 @dataclass(frozen=True)
@@ -182,27 +215,29 @@ def _check_name(name: Any, model_name: Any, where: str) -> None:
                                   f"{MAX_TOOL_NAME} characters", param=where)
 
 
-def _parts(content: Any, where: str) -> list[TextPart]:
+def _parts(content: Any, where: str, field: str = "content") -> list[TextPart]:
     if isinstance(content, str):
         return [TextPart(content)]
-    parts = []
-    for j, part in enumerate(content):
+    _text_only(content, f"{where}.{field}")
+    return [TextPart(part["text"]) for part in content]
+
+
+def _text_only(parts: list[dict[str, Any]], where: str) -> None:
+    for j, part in enumerate(parts):
         if part.get("type") not in _TEXT_TYPES:
             raise InvalidRequestError(f"This model accepts text only; content of type "
                                       f"{part.get('type')!r} is not supported",
-                                      param=f"{where}.content[{j}]")
-        parts.append(TextPart(part["text"]))
-    return parts
+                                      param=f"{where}[{j}]")
 
 
 _TEXT_TYPES = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 
 
 def to_conversation(instructions: str | None, items: list[dict[str, Any]], wheres: list[str],
-                    tools: ToolMap, unseal: Callable[[str], str]) -> Conversation:
+                    tools: ToolMap, sealer: Sealer, owner: str) -> Conversation:
     """The conversation of ``items`` (the whole of it, oldest first); ``wheres[i]`` is the
     request's parameter for item i (``input[k]``, or ``previous_response_id`` for items of
-    the stored conversation)."""
+    the stored conversation); sealed reasoning opens for ``owner`` alone."""
     messages: list[Message] = []
     known_calls: set[str] = set()
     closed: set[int] = set()        # assistant messages a tool output followed
@@ -266,7 +301,7 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
                 message.reasoning, reasoning = reasoning, None
             messages.append(message)
         elif kind == "reasoning":
-            reasoning = _reasoning(item, unseal)
+            reasoning = _reasoning(item, sealer, owner, where)
         elif kind in ("function_call", "custom_tool_call"):
             arguments = (item["arguments"] if kind == "function_call"
                          else json.dumps({"input": item["input"]}, ensure_ascii=False))
@@ -279,16 +314,19 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
                     param=f"{where}.call_id")
             if messages and messages[-1].role == "assistant":
                 closed.add(id(messages[-1]))
-            messages.append(Message("tool", _parts(item["output"], where), where,
+            messages.append(Message("tool", _parts(item["output"], where, "output"), where,
                                     tool_call_id=item["call_id"]))
     if results:
         messages += results
     return Conversation(messages, instructions or None)
 
 
-def _reasoning(item: dict[str, Any], unseal: Callable[[str], str]) -> Reasoning | None:
-    if item.get("encrypted_content"):
-        return Reasoning(unseal(item["encrypted_content"]), item["encrypted_content"])
+def _reasoning(item: dict[str, Any], sealer: Sealer, owner: str, where: str
+               ) -> Reasoning | None:
+    sealed = item.get("encrypted_content")
+    if sealed:
+        return Reasoning(sealer.unseal(sealed, owner, param=f"{where}.encrypted_content"),
+                         sealed)
     parts = item.get("content") or item.get("summary") or []
     text = "".join(p["text"] for p in parts)
     return Reasoning(text) if text else None
