@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sqlite3
 import threading
@@ -67,6 +68,7 @@ def serve(tokenizer, tmp_path):
                                 delay=delay)
         settings.setdefault("store_url", f"sqlite:///{tmp_path / 'c.db'}")
         served = Served(engine, Settings(**settings))
+        served.db = tmp_path / "c.db"
         servers.append(served)
         return served
     yield build
@@ -457,6 +459,108 @@ def test_concurrent_turns_append_in_order_each_together(serve):
     listed = {i.id for i in items}
     for rid in ids:
         assert {o.id for o in sdk.responses.retrieve(rid).output} <= listed
+
+
+# -- items are validated as responses.create validates its input ------------------------
+
+IMAGE = {"type": "message", "role": "user", "content": [
+    {"type": "input_text", "text": "What is this?"},
+    {"type": "input_image", "image_url": "https://example.com/cat.png"}]}
+APPROVAL = {"type": "mcp_approval_request", "id": "mcpr_mine", "server_label": "calc",
+            "name": "delete_everything", "arguments": "{}"}
+
+
+def test_items_are_refused_as_responses_input_is(serve):
+    """Each item responses.create refuses, the Conversations API refuses with the same
+    message, its param naming ``items[i]`` where responses.create names ``input[i]``."""
+    served = serve([f"<think>Look it up.</think>Looking.{CALL}"])
+    sdk = served.client()
+    conv = sdk.conversations.create(items=[dict(user("first"), id="msg_taken")])
+    forged = {"type": "reasoning", "summary": [],
+              "encrypted_content": "podium.v2." + "A" * 60}
+    cases = [(forged, "[1].encrypted_content"), (IMAGE, "[1].content[1]"),
+             (dict(user("x"), status="hacked"), "[1].status"),
+             ({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}",
+               "status": "done"}, "[1].status"),
+             (APPROVAL, "[1]")]
+    for item, where in cases:
+        made = refused_both(sdk, conv.id, item, where)
+        assert made["message"] == bad_request(lambda: sdk.conversations.create(
+            items=[user("x"), item]))["message"]
+    # ids: unique within the conversation, whether already there or twice in one request
+    error = bad_request(lambda: sdk.conversations.items.create(
+        conv.id, items=[user("x"), dict(user("again"), id="msg_taken")]))
+    assert error["param"] == "items[1].id" and "msg_taken" in error["message"]
+    error = bad_request(lambda: sdk.responses.create(
+        model=SERVED, conversation=conv.id, input=[dict(user("again"), id="msg_taken")]))
+    assert error["param"] == "input[0].id" and "msg_taken" in error["message"]
+    error = bad_request(lambda: sdk.conversations.create(
+        items=[dict(user("a"), id="msg_twice"), dict(user("b"), id="msg_twice")]))
+    assert error["param"] == "items[1].id"
+    # nothing was stored, and the conversation still answers
+    assert texts(sdk.conversations.items.list(conv.id).data) == ["first"]
+    assert sdk.responses.create(model=SERVED, input="go", conversation=conv.id,
+                                tools=TOOLS).status == "completed"
+    assert len(served.engine.requests) == 1
+
+
+def refused_both(sdk, conversation_id: str, item: dict, where: str) -> dict:
+    """``item`` refused by responses.create and by items.create alike."""
+    by_responses = bad_request(lambda: sdk.responses.create(
+        model=SERVED, input=[user("x"), item], store=False))
+    by_items = bad_request(lambda: sdk.conversations.items.create(
+        conversation_id, items=[user("x"), item]))
+    assert by_responses["param"] == "input" + where and by_items["param"] == "items" + where
+    assert by_responses["message"] == by_items["message"]
+    return by_items
+
+
+def test_a_seal_from_another_key_is_refused_as_a_forged_one(serve):
+    served = serve(["<think>Key A's plan.</think>Done."], api_key=["key-a", "key-b"])
+    a, b = served.client("key-a"), served.client("key-b")
+    reasoning = a.responses.create(model=SERVED, input="hi", store=False,
+                                   include=["reasoning.encrypted_content"]).output[0]
+    item = {"type": "reasoning", "summary": [], "encrypted_content": reasoning.encrypted_content}
+    mine = a.conversations.create(items=[     # its own key's: taken
+        user("hi"), item, {"type": "message", "role": "assistant", "content": "Done."}])
+    theirs = b.conversations.create()
+    stolen = bad_request(lambda: b.conversations.items.create(theirs.id, items=[item]))
+    forged = bad_request(lambda: b.conversations.items.create(theirs.id, items=[dict(
+        item, encrypted_content=item["encrypted_content"][:-4] + "AAAA")]))
+    assert stolen == forged and stolen["param"] == "items[0].encrypted_content"
+    assert a.responses.create(model=SERVED, input="more", conversation=mine.id).status == (
+        "completed")
+    assert "Key A's plan." in served.prompt()
+
+
+@pytest.mark.parametrize("stored, what", [
+    ({"type": "reasoning", "summary": [], "encrypted_content": "podium.v2.forged"},
+     "encrypted_content"),
+    (dict(user("x"), status="hacked"), "status"),
+    (dict(user("x"), id="msg_first"), "id")])
+def test_a_bad_item_stored_earlier_is_a_400_naming_conversation_and_item(serve, stored, what):
+    served = serve()
+    sdk = served.client()
+    conv = sdk.conversations.create(items=[dict(user("hello"), id="msg_first")])
+    store = served.app.state.conversations._store
+    # Podium's own approval request (stored by a turn) is no fault
+    assert asyncio.run(store.append(conv.id, "", [dict(APPROVAL, id="mcpr_podium")]))
+    # old data: stored before items were checked (the store takes what it is given)
+    bad = dict(stored, id=stored.get("id") or "item_old")
+    with sqlite3.connect(served.db) as db:
+        db.execute("INSERT INTO podium_conversation_items VALUES (?, 2, ?, ?)",
+                   (conv.id, bad["id"], json.dumps(bad)))
+        db.execute("UPDATE podium_conversations SET next_position = 3")
+    error = bad_request(lambda: sdk.responses.create(model=SERVED, input="go",
+                                                     conversation=conv.id))
+    assert error["param"] == "conversation"
+    assert conv.id in error["message"] and repr(bad["id"]) in error["message"]
+    assert f"items[2].{what}" in error["message"]
+    assert len(served.engine.requests) == 0
+    if what != "id":        # the way out the message names: delete the item
+        sdk.conversations.items.delete(bad["id"], conversation_id=conv.id)
+        assert sdk.responses.create(model=SERVED, input="go",
+                                    conversation=conv.id).status == "completed"
 
 
 # -- retention (the store itself: tests/store/test_conversations.py) ----------------------

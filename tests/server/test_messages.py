@@ -370,6 +370,28 @@ def test_server_tools_are_left_out_or_refused_when_strict(serve):
                     "invalid_request_error")
 
 
+@pytest.mark.parametrize("tools, where", [
+    ([{**TOOLS[0], "name": 'get_weather"'}], "tools[0].name"),          # Chat's name rule
+    ([{**TOOLS[0], "name": "get weather"}], "tools[0].name"),
+    ([TOOLS[0], {**TOOLS[0], "description": "Another"}], "tools[1].name"),   # duplicates
+    ([TOOLS[0], {"type": "web_search_20250305", "name": "get_weather"}], "tools[1].name")])
+def test_tool_names_follow_chats_rule_and_are_unique(serve, tools, where):
+    sdk, http = serve(["ok"])
+    messages = [{"role": "user", "content": "hi"}]
+    for call in (lambda: sdk.messages.create(model=SERVED, max_tokens=50, messages=messages,
+                                             tools=tools),
+                 lambda: sdk.messages.count_tokens(model=SERVED, messages=messages,
+                                                   tools=tools)):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            call()
+        body = err.value.response.json()
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert where in body["error"]["message"]
+    assert len(http.engine.requests) == 0
+    fine = [{**TOOLS[0], "name": "files.read-v2_" + "x" * 114}, TOOLS[0]]
+    assert sdk.messages.create(**ask(tools=fine)).content[0].text == "ok"
+
+
 def test_an_error_after_the_stream_began_is_an_error_event(serve):
     from tests.server.test_conversation_stage import _exploding
     _, http = serve(["a long answer with many words in it"])

@@ -7,7 +7,9 @@ import asyncio
 import threading
 import time
 
-from podium.store.conversations import ConversationStore
+import pytest
+
+from podium.store.conversations import ConversationStore, ItemIdTaken
 
 
 def item(n: int | str) -> dict:
@@ -79,7 +81,7 @@ def test_a_delete_racing_appends_leaves_nothing(open_store):
     results: list[bool] = []
 
     def writer() -> None:
-        while store._append("conv_d", "", [item("a"), item("b")]):
+        while store._append("conv_d", "", [item(f"a{len(results)}"), item(f"b{len(results)}")]):
             results.append(True)
 
     thread = threading.Thread(target=writer)
@@ -91,6 +93,34 @@ def test_a_delete_racing_appends_leaves_nothing(open_store):
     with store.engine.connect() as db:
         assert db.exec_driver_sql("SELECT count(*) FROM podium_conversation_items "
                                   "WHERE conversation_id = 'conv_d'").scalar() == 0
+
+
+def test_an_append_with_a_taken_id_adds_nothing(open_store):
+    """Ids are unique within a conversation, checked in the appending transaction: two
+    appends racing with one id cannot both add it."""
+    store = ConversationStore(open_store().engine)
+    asyncio.run(store.create("conv_u", "", {}, [item(1)]))
+    with pytest.raises(ItemIdTaken) as err:
+        store._append("conv_u", "", [item(2), item(1)])
+    assert err.value.item_id == "msg_1"
+    assert store._append("conv_u", "other", [item(1)]) is False     # not theirs: no answer
+    outcomes: list[str] = []
+    start = threading.Barrier(6)
+
+    def writer() -> None:
+        start.wait()
+        try:
+            outcomes.append("added" if store._append("conv_u", "", [item(3)]) else "missing")
+        except ItemIdTaken:
+            outcomes.append("taken")
+
+    threads = [threading.Thread(target=writer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["added"] + ["taken"] * 5
+    assert [i["id"] for i in asyncio.run(store.all_items("conv_u", ""))] == ["msg_1", "msg_3"]
 
 
 def test_prune_by_last_update(open_store):
