@@ -16,7 +16,7 @@ import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
+from typing import Any, AsyncIterator, Callable, Protocol, TypeVar, cast, final
 
 from podium import telemetry
 from podium.conversation import Conversation, Options
@@ -160,8 +160,20 @@ def start(engine: Engine, choices: list[Choice]) -> None:
         choice.outputs = engine.generate(choice.request)
 
 
-async def run_choice(engine: Engine, index: int, choice: Choice
-                     ) -> AsyncIterator[tuple[int, Event]]:
+@final
+class KeepAlive:
+    """What a choice's stream yields every ``keepalive`` seconds while it waits for its
+    first output: a queued request or a long prefill has nothing else to send, and agent
+    clients drop a stream that stays silent for their idle limit (Codex: 300 s)."""
+
+    __slots__ = ()
+
+
+KEEPALIVE = KeepAlive()
+
+
+async def run_choice(engine: Engine, index: int, choice: Choice, keepalive: float = 0.0
+                     ) -> AsyncIterator[tuple[int, Event | KeepAlive]]:
     outputs = choice.outputs if choice.outputs is not None else engine.generate(choice.request)
     record = telemetry.current()
     if record is not None and index == 0:
@@ -169,6 +181,24 @@ async def run_choice(engine: Engine, index: int, choice: Choice
     stream = choice.stream
     feed = stream.feed
     try:
+        if keepalive > 0:
+            # the first output alone is awaited apart (the loops below stay one hop a token)
+            first = asyncio.ensure_future(outputs.__anext__())
+            try:
+                while not (await asyncio.wait((first,), timeout=keepalive))[0]:
+                    yield index, KEEPALIVE
+            finally:
+                if not first.done():
+                    first.cancel()
+                    await asyncio.gather(first, return_exceptions=True)
+            try:
+                out = first.result()
+            except StopAsyncIteration:
+                return
+            for event in _first_events(out, feed, record):
+                yield index, event
+            if stream.finished:
+                return
         if record is None:
             async for out in outputs:
                 for event in feed(out):
@@ -191,6 +221,18 @@ async def run_choice(engine: Engine, index: int, choice: Choice
         await outputs.aclose()
         if not stream.finished:
             await engine.abort(choice.request.request_id)
+
+
+def _first_events(out: EngineOutput, feed: Callable[[EngineOutput], list[Event]],
+                  record: telemetry.RequestRecord | None) -> list[Event]:
+    """The events of a choice's first output, counted as ``run_choice``'s loops count
+    every other output."""
+    if record is not None and out.token_ids:
+        record.meter()(len(out.token_ids))
+    events = feed(out)
+    if record is not None and record.capture:
+        record.output.extend(e.text for e in events if hasattr(e, "text"))
+    return events
 
 
 # The size of the request body being served, set where it is parsed (server/routing.py):
@@ -224,18 +266,25 @@ _PREPARE = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
 
 def run_choices(engine: Engine, choices: list[Choice]) -> AsyncIterator[tuple[int, Event]]:
     """Every choice's events; a single choice is not wrapped (one less hop per token)."""
+    return cast(AsyncIterator[tuple[int, Event]], stream_choices(engine, choices, 0.0))
+
+
+def stream_choices(engine: Engine, choices: list[Choice], keepalive: float
+                   ) -> AsyncIterator[tuple[int, Event | KeepAlive]]:
+    """``run_choices`` for a stream: also a ``KEEPALIVE`` (for each choice) every
+    ``keepalive`` seconds until the choice's first output (0: never)."""
     if len(choices) == 1:
-        return run_choice(engine, 0, choices[0])
-    return _merge([run_choice(engine, i, c) for i, c in enumerate(choices)])
+        return run_choice(engine, 0, choices[0], keepalive)
+    return _merge([run_choice(engine, i, c, keepalive) for i, c in enumerate(choices)])
 
 
-async def _merge(streams: list[AsyncIterator[tuple[int, Event]]]
-                 ) -> AsyncIterator[tuple[int, Event]]:
+async def _merge(streams: list[AsyncIterator[tuple[int, Event | KeepAlive]]]
+                 ) -> AsyncIterator[tuple[int, Event | KeepAlive]]:
     """Interleave several streams in arrival order; closing the merge closes them all."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
-    async def pump(stream: AsyncIterator[tuple[int, Event]]) -> None:
+    async def pump(stream: AsyncIterator[tuple[int, Event | KeepAlive]]) -> None:
         try:
             async for item in stream:
                 await queue.put(item)

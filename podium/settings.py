@@ -64,6 +64,11 @@ class Settings:
         0, "Largest max_tokens / max_output_tokens accepted, and the default (0: the context).")
     shutdown_grace: int = _opt(
         20, "Seconds running streams get to finish after SIGTERM before they are ended.")
+    stream_keepalive_seconds: float = _opt(
+        10.0, "While a stream waits for its first token (queued, or a long prefill), send a "
+        "keep-alive every this many seconds, so clients' idle timers do not drop it: a "
+        "Responses 'keepalive' event, a Messages 'ping' event, an SSE comment in Chat and "
+        "Completions (0: none).")
     log_format: str = _opt("text", "Request log lines as text or json.")
     log_requests: bool = _opt(
         False, "Log request bodies and generated text (off: never logged).")
@@ -156,6 +161,9 @@ class Settings:
             _alias(entry)
         if not self.mcp_timeout > 0:
             raise ValueError(f"--mcp-timeout must be more than 0, not {self.mcp_timeout}")
+        if self.stream_keepalive_seconds < 0:
+            raise ValueError(f"--stream-keepalive-seconds must be 0 (none) or more, not "
+                             f"{self.stream_keepalive_seconds}")
         if not self.response_lease_seconds > 0:
             raise ValueError(f"--response-lease-seconds must be more than 0, not "
                              f"{self.response_lease_seconds}")

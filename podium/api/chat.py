@@ -16,8 +16,8 @@ from podium.conversation import (Conversation, Message, Options, Reasoning, Resp
 from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import InvalidRequestError
-from podium.generation import (Choice, Prepared, check_model, new_id, off_loop, prepare,
-                               run_choices, start)
+from podium.generation import (Choice, KeepAlive, Prepared, check_model, new_id, off_loop,
+                               prepare, run_choices, start, stream_choices)
 from podium.parsing.events import Usage
 from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, NamedToolChoice,
                                   ToolMessage)
@@ -26,6 +26,11 @@ from podium.protocol.chat import TextPart as WireTextPart
 from podium.render.chat import ChatChunks, ChatFold
 from podium.render.usage import UsageFold
 from podium.settings import Settings
+
+# A chunk would reach the SDKs' callers (``choices[0]`` fails on an empty list); a comment is
+# dropped by every SSE parser, and still restarts the byte-level idle timers (httpx's read
+# timeout, undici's bodyTimeout, proxies') that are what Chat clients have.
+KEEPALIVE_COMMENT = b": keepalive\n\n"
 
 
 class ChatService:
@@ -62,7 +67,11 @@ class ChatService:
         for i in range(len(choices)):
             yield chunks.role(i)
         usage = UsageFold(len(choices), len(choices))
-        async for index, event in run_choices(self._engine, choices):
+        async for index, event in stream_choices(self._engine, choices,
+                                                 self._settings.stream_keepalive_seconds):
+            if type(event) is KeepAlive:
+                yield KEEPALIVE_COMMENT
+                continue
             chunk = chunks.event(index, event)
             if chunk is not None:
                 yield chunk

@@ -12,8 +12,9 @@ from typing import Any, AsyncGenerator
 from podium.api.common import sampling_params, stop_strings
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
-from podium.generation import (Choice, check_model, choice_seed, new_id, off_loop,
-                               output_budget, run_choices, start)
+from podium.api.chat import KEEPALIVE_COMMENT
+from podium.generation import (Choice, KeepAlive, check_model, choice_seed, new_id, off_loop,
+                               output_budget, run_choices, start, stream_choices)
 from podium.protocol.completions import CompletionRequest
 from podium.render.completions import CompletionChunks, CompletionFold, Echo
 from podium.settings import Settings
@@ -31,7 +32,8 @@ class CompletionService:
         self._engine = engine
         self._settings = settings
 
-    async def create(self, req: CompletionRequest) -> dict[str, Any] | AsyncGenerator[dict, None]:
+    async def create(self, req: CompletionRequest
+                     ) -> dict[str, Any] | AsyncGenerator[dict | bytes, None]:
         engine = self._engine
         check_model(req.model, engine, self._settings)
         _refuse_unsupported(req)
@@ -89,8 +91,12 @@ class CompletionService:
                                           prompt_tokens=len(prompt.token_ids)))
 
     async def _stream(self, req: CompletionRequest, choices: list[Choice],
-                      chunks: CompletionChunks) -> AsyncGenerator[dict, None]:
-        async for index, event in run_choices(self._engine, choices):
+                      chunks: CompletionChunks) -> AsyncGenerator[dict | bytes, None]:
+        async for index, event in stream_choices(self._engine, choices,
+                                                 self._settings.stream_keepalive_seconds):
+            if type(event) is KeepAlive:
+                yield KEEPALIVE_COMMENT
+                continue
             for chunk in chunks.event(index, event):
                 yield chunk
         if req.stream_options is not None and req.stream_options.include_usage:

@@ -26,12 +26,11 @@ model's dialect, and ``render.messages`` renders the choice's events as Anthropi
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
 import secrets
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator
 
 from podium.api.sealing import Sealer
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
@@ -39,10 +38,10 @@ from podium.conversation import (Conversation, Message, Options, Reasoning, Resp
 from podium.dialect import Dialect
 from podium.engine.base import Engine, SamplingParams
 from podium.errors import ContextLengthExceeded, InvalidRequestError
-from podium.generation import (Choice, Prepared, check_model, check_options, off_loop, prepare,
-                               run_choices, start)
+from podium.generation import (Choice, KeepAlive, Prepared, check_model, check_options,
+                               off_loop, prepare, start, stream_choices)
 from podium.harmony.format import EFFORTS
-from podium.parsing.events import Event, Finish, Usage
+from podium.parsing.events import Finish, Usage
 from podium.protocol.messages import CountTokensRequest, MessageParam, MessagesRequest
 from podium.render.messages import MessageBuilder
 from podium.settings import Settings
@@ -51,7 +50,6 @@ from podium.store.base import NO_OWNER
 log = logging.getLogger(__name__)
 
 BILLING_HEADER = "x-anthropic-billing-header:"
-PING_SECONDS = 10.0         # a ping while nothing else is sent (a long prefill)
 _CLIENT_TOOL_TYPES = (None, "custom")
 
 
@@ -103,17 +101,16 @@ class MessagesService:
 
     # -- running --------------------------------------------------------------------------
 
-    async def _events(self, builder: MessageBuilder, choice: Choice
+    async def _events(self, builder: MessageBuilder, choice: Choice, keepalive: float = 0.0
                       ) -> AsyncGenerator[dict[str, Any], None]:
         for event in builder.start():
             yield event
         finish: Finish | None = None
         usage: Usage | None = None
-        async for item in _with_pings(run_choices(self._engine, [choice])):
-            if item is None:
+        async for _, semantic in stream_choices(self._engine, [choice], keepalive):
+            if type(semantic) is KeepAlive:     # Anthropic's keep-alive, for a long prefill
                 yield {"type": "ping"}
                 continue
-            semantic: Event = item[1]
             if isinstance(semantic, Finish):
                 finish = semantic
             elif isinstance(semantic, Usage):
@@ -126,7 +123,8 @@ class MessagesService:
 
     async def _stream(self, builder: MessageBuilder, choice: Choice
                       ) -> AsyncGenerator[dict[str, Any], None]:
-        async for event in self._events(builder, choice):
+        async for event in self._events(builder, choice,
+                                        self._settings.stream_keepalive_seconds):
             yield event
 
     # -- translation ----------------------------------------------------------------------
@@ -329,29 +327,3 @@ def _field(block: dict[str, Any], name: str, kind: type, where: str) -> Any:
                                   f"({kind.__name__})", param=f"{where}.{name}")
     return value
 
-
-async def _with_pings(stream: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
-    """The stream's items, and None after every ``PING_SECONDS`` without one until the first
-    arrives (a queued request, a long prefill: the client's connection stays alive); then
-    the items alone, one hop each. Closing this closes the stream."""
-    first: asyncio.Future | None = asyncio.ensure_future(stream.__anext__())
-    try:
-        assert first is not None
-        while not (await asyncio.wait({first}, timeout=PING_SECONDS))[0]:
-            yield None
-        try:
-            item = first.result()
-        except StopAsyncIteration:
-            return
-        finally:
-            first = None
-        yield item
-        async for item in stream:
-            yield item
-    finally:
-        if first is not None:
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()

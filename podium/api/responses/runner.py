@@ -18,7 +18,7 @@ from podium.api.responses.mcp import Sessions, error_text
 from podium.api.responses.translate import ToolMap, new_item_id
 from podium.engine.base import Engine
 from podium.errors import PodiumError
-from podium.generation import Choice, run_choices
+from podium.generation import Choice, KeepAlive, stream_choices
 from podium.parsing.events import Finish, Usage
 from podium.render.responses import ResponseBuilder, Sequencer, usage
 from podium.store.base import TERMINAL
@@ -52,9 +52,11 @@ class Plan:
 
 
 class Run:
-    def __init__(self, plan: Plan, engine: Engine, seal: Callable[[str], str] | None):
+    def __init__(self, plan: Plan, engine: Engine, seal: Callable[[str], str] | None,
+                 keepalive: float = 0.0):
         self.plan = plan
         self._engine = engine
+        self._keepalive = keepalive         # seconds between keepalive events (0: none)
         self.builder = ResponseBuilder(plan.response, engine.tokenizer,
                                        client_tool=plan.tools.client, new_id=new_item_id,
                                        logprobs=plan.logprobs, seal=seal)
@@ -88,8 +90,11 @@ class Run:
             while True:
                 if self._choice is not None:
                     finish = None
-                    async for _, semantic in run_choices(self._engine, [self._choice]):
-                        if isinstance(semantic, Finish):
+                    async for _, semantic in stream_choices(self._engine, [self._choice],
+                                                            self._keepalive):
+                        if type(semantic) is KeepAlive:     # OpenAI's own, during a prefill
+                            yield seq.stamp([{"type": "keepalive"}])[0]
+                        elif isinstance(semantic, Finish):
                             finish = semantic
                         elif isinstance(semantic, Usage):
                             self._usage = semantic

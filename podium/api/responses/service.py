@@ -310,9 +310,10 @@ class ResponsesService:
 
     # -- running ------------------------------------------------------------------------
 
-    def _run(self, plan: Plan) -> Run:
+    def _run(self, plan: Plan, keepalive: float = 0.0) -> Run:
         return Run(plan, self._engine,
-                   functools.partial(self._sealer.seal, owner=plan.owner) if plan.seal else None)
+                   functools.partial(self._sealer.seal, owner=plan.owner) if plan.seal else None,
+                   keepalive)
 
     async def _events(self, run: Run, turn: Turn | None) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events; in a conversation, the finished turn is appended to it before
@@ -349,7 +350,7 @@ class ResponsesService:
 
     async def _stream(self, plan: Plan, store: bool, turn: Turn | None = None
                       ) -> AsyncGenerator[dict[str, Any], None]:
-        run = self._run(plan)
+        run = self._run(plan, self._settings.stream_keepalive_seconds)
         writer = self._logs.open(plan.response["id"]) if store else None
         stopped: BaseException | None = None
         try:
@@ -380,7 +381,7 @@ class ResponsesService:
     async def _background(self, plan: Plan, writer: EventLog, turn: Turn | None = None
                           ) -> None:
         rid = plan.response["id"]
-        run = self._run(plan)
+        run = self._run(plan, self._settings.stream_keepalive_seconds)   # followers' keep-alive
         try:
             await self._store.update(rid, dict(plan.response, status="in_progress"))
             async for event in self._events(run, turn):
