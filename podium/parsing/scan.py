@@ -9,6 +9,7 @@ Both do work proportional to the new text, never to what came before.
 
 from __future__ import annotations
 
+import json
 import re
 
 
@@ -158,6 +159,7 @@ class JsonValue:
 
 
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
+_CLOSED_AFTER_COMMA = 2         # _char's "accepted": a closer that dropped the comma before it
 _STRING_SPECIAL = re.compile(r'["\\\x00-\x1f]')
 _HEX = frozenset("0123456789abcdefABCDEF")
 _LITERALS = ("true", "false", "null")
@@ -182,10 +184,22 @@ class JsonPrefix:
         self._escape = ""                # "" | "\\" | "u" + hex digits seen
         self.broken = False
         self.done = False
+        # What the caller must look at before it passes the accepted text on (see
+        # ``ToolParser._append``): an escape, a structural comma, a closer that followed a
+        # comma, Python literals. Set by the slow paths only; the caller clears it.
+        self.attention = False
+        self.closers: list[int] = []     # where a closer dropped the comma before it (this feed)
+        self._py: PyJson | None = None   # Python-literal mode (see ``PyJson``), once entered
+        self.out: str | None = None      # in that mode: the JSON text the last feed made
 
     def feed(self, text: str) -> int:
         if self.broken:
             return 0
+        if self._py is not None:
+            return self._feed_py(text, 0)
+        return self._feed(text)
+
+    def _feed(self, text: str) -> int:
         i, n = 0, len(text)
         while i < n:
             if self._in_string:
@@ -221,15 +235,57 @@ class JsonPrefix:
                     self._expect = "value"
                     i += 1
                     continue
-            if not self._char(text[i]):
+            ok = self._char(text[i])
+            if not ok:
+                if self._py is None and self._pythonic(text[i]):
+                    return self._feed_py(text, i)
                 self.broken = True
                 return i
+            if ok == _CLOSED_AFTER_COMMA:
+                self.closers.append(i)
             i += 1
             if self.done:                 # stop right after the value's last character
                 return i
         return n
 
-    def _char(self, c: str) -> bool:
+    # -- Python literals (``{'city': 'Paris', 'metric': True}``) ----------------------------
+
+    def _pythonic(self, c: str) -> bool:
+        """``c`` is where JSON breaks and a Python literal begins (a quote, True / False /
+        None): the rest is read as Python from here."""
+        if self._in_string or self._token:
+            return False
+        if self._expect in ("value", "value_or_end"):
+            return c == "'" or c in "TFN"
+        return c == "'" and self._expect in ("key", "key_or_end")
+
+    def _feed_py(self, text: str, i: int) -> int:
+        """Convert ``text[i:]`` to JSON (``PyJson``) and check that, a character at a time
+        (rare, and never on the usual path); ``out`` is the JSON text of ``text[:end]``."""
+        if self._py is None:
+            self._py = PyJson()
+            out = [text[:i]]
+        else:
+            out = []
+        self.attention = True
+        py = self._py
+        n = len(text)
+        while i < n:
+            piece = py.char(text[i])
+            if piece:
+                m = self._feed(piece)
+                if m < len(piece) or self.broken:
+                    self.broken = True
+                    out.append(piece[:m])
+                    break
+                out.append(piece)
+            i += 1
+            if self.done:
+                break
+        self.out = "".join(out)
+        return i
+
+    def _char(self, c: str) -> bool | int:
         if self._in_string:
             return self._string_char(c)
         if self._token:
@@ -253,14 +309,18 @@ class JsonPrefix:
             self._after_value()
         return self._structural(c)
 
-    def _structural(self, c: str) -> bool:
+    def _structural(self, c: str) -> bool | int:
         if c in " \t\r\n":
             return True
         expect = self._expect
         if expect == "end":
             return False
         if expect in ("value", "value_or_end"):
-            if c == "]" and expect == "value_or_end":
+            if c == "]" and (expect == "value_or_end" or self._after_comma()):
+                if expect == "value":               # [1, 2,]: the comma goes
+                    self.attention = True
+                    self._close("[")
+                    return _CLOSED_AFTER_COMMA
                 return self._close("[")
             if c in "{[":
                 self._stack.append(c)
@@ -274,7 +334,11 @@ class JsonPrefix:
                 return True
             return False
         if expect in ("key", "key_or_end"):
-            if c == "}" and expect == "key_or_end":
+            if c == "}":
+                if expect == "key":                 # {"a": 1,}: the comma goes
+                    self.attention = True
+                    self._close("{")
+                    return _CLOSED_AFTER_COMMA
                 return self._close("{")
             if c == '"':
                 self._in_string, self._is_key = True, True
@@ -289,6 +353,7 @@ class JsonPrefix:
         top = self._stack[-1]
         if c == ",":
             self._expect = "key" if top == "{" else "value"
+            self.attention = True           # the caller holds it until a key or value follows
             return True
         if c == ("}" if top == "{" else "]"):
             return self._close(top)
@@ -312,6 +377,7 @@ class JsonPrefix:
             return True
         if c == "\\":
             self._escape = "\\"
+            self.attention = True           # the caller holds a cut escape back
             return True
         if c == '"':
             self._in_string = False
@@ -327,6 +393,16 @@ class JsonPrefix:
         self._after_value()
         return True
 
+    def _after_comma(self) -> bool:
+        """Expecting a value after a comma in a list (not after ``[`` or a colon)."""
+        return self._expect == "value" and bool(self._stack) and self._stack[-1] == "["
+
+    @property
+    def comma_pending(self) -> bool:
+        """A structural comma was read and nothing after it yet (but blanks)."""
+        return (not self._in_string and not self._token
+                and (self._expect == "key" or self._after_comma()))
+
     def _after_value(self) -> None:
         if self._stack:
             self._expect = "comma_or_end"
@@ -334,13 +410,18 @@ class JsonPrefix:
             self._expect, self.done = "end", True
 
     def completion(self) -> str:
-        """A suffix that closes what was accepted into a valid JSON document."""
+        """A suffix that closes what was accepted into a valid JSON document.
+
+        An escape cut short and a comma with nothing after it are left out, not completed
+        (``\\u00`` is no character the model chose; ``{"a": 1,`` closes as ``{"a": 1}``):
+        the caller held them back and drops them (``ToolParser._append``)."""
         out = ""
+        if self._py is not None:
+            tail = self._py.finish()
+            if tail and not self.broken:
+                m = self._feed(tail)
+                out += tail[:m]
         if self._in_string:
-            if self._escape == "\\":
-                out += "n"
-            elif self._escape:
-                out += "0" * (5 - len(self._escape))
             out += '"'
             if self._is_key:
                 out += ": null"
@@ -350,6 +431,8 @@ class JsonPrefix:
                     len(self._token):]
             elif not _number_ok(self._token):
                 out += "0" if self._token[-1] in "-.eE+" else ""
+        elif self.comma_pending:
+            pass
         elif self._expect == "value" and self._stack:
             out += "null"
         elif self._expect == "key" or (self._expect == "value" and not self._stack):
@@ -368,3 +451,135 @@ def _number_ok(token: str) -> bool:
 def _number_prefix_ok(token: str) -> bool:
     """``token`` can still grow into a number (``completion`` then appends a ``0``)."""
     return _number_ok(token) or _number_ok(token + "0")
+
+
+_PY_WORDS = {"True": "true", "False": "false", "None": "null"}
+_PY_ESCAPES = {"'": "'", '"': '\\"', "\n": ""}     # \' is a quote; \" stays escaped
+
+
+class PyJson:
+    """Python literal text to JSON text, a character at a time: single-quoted strings,
+    ``True`` / ``False`` / ``None``, a comma before a closer (dropped: it is held until the
+    next character shows it), raw newlines and tabs in strings (escaped). Double-quoted
+    strings and everything else pass as they are (``JsonPrefix`` judges the result)."""
+
+    __slots__ = ("_quote", "_escape", "_word", "_comma")
+
+    def __init__(self) -> None:
+        self._quote = ""        # the open string's quote
+        self._escape = False
+        self._word = ""         # a bare word (True) being read
+        self._comma = ""        # a comma and the blanks after it, held
+
+    def char(self, c: str) -> str:
+        if self._quote:
+            return self._string_char(c)
+        out = ""
+        if self._word:
+            if c.isalnum() or c == "_":
+                self._word += c
+                return ""
+            out, self._word = _PY_WORDS.get(self._word, self._word), ""
+        if self._comma:
+            if c in " \t\r\n":
+                self._comma += c
+                return out
+            if c not in "}]":
+                out += self._comma
+            self._comma = ""
+        if c == ",":
+            self._comma = c
+        elif c in "'\"":
+            self._quote = c
+            out += '"'
+        elif c.isalpha():
+            self._word = c
+        else:
+            out += c
+        return out
+
+    def _string_char(self, c: str) -> str:
+        single = self._quote == "'"
+        if self._escape:
+            self._escape = False
+            if c == "'":
+                return "'"
+            return "\\" + c
+        if c == "\\":
+            self._escape = True
+            return ""
+        if c == self._quote:
+            self._quote = ""
+            return '"'
+        if c == '"' and single:
+            return '\\"'
+        if c < " ":
+            return json.dumps(c)[1:-1]
+        return c
+
+    def finish(self) -> str:
+        """What is held at the end of the text: a word cut short is completed (``Tr``:
+        ``true``) if it can only be one; a held comma and a cut escape go."""
+        word, self._word, self._comma = self._word, "", ""
+        if not word:
+            return ""
+        return next((v for k, v in _PY_WORDS.items() if k.startswith(word)), word)
+
+
+# An escape in JSON text that starts at an escape boundary: \uXXXX (perhaps cut short), or
+# a backslash and one character, or a backslash at the very end.
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{0,4})|.|\Z)", re.S)
+REPLACEMENT = "\\ufffd"        # what a lone surrogate escape becomes
+
+
+def split_escapes(text: str) -> tuple[str, str, int]:
+    """Valid JSON text (from an escape boundary) as (what may go out now, what must wait,
+    lone surrogates replaced). An escape cut short waits for its end, a high surrogate
+    for its low half; a surrogate without its other half becomes ``\\ufffd``: a lone
+    surrogate is valid JSON text but no character (orjson and serde refuse it)."""
+    out: list[str] = []
+    last, lone = 0, 0
+    high: re.Match[str] | None = None       # a high surrogate waiting for its low half
+    for m in _ESCAPE.finditer(text):
+        digits = m.group(1)
+        if (digits is None and m.end() - m.start() == 1) or (
+                digits is not None and len(digits) < 4):          # cut short: wait
+            start = high.start() if high is not None and high.end() == m.start() else m.start()
+            if high is not None and start != high.start():
+                out.append(text[last:high.start()] + REPLACEMENT)
+                last, lone = high.end(), lone + 1
+            out.append(text[last:start])
+            return "".join(out), text[start:], lone
+        code = int(digits, 16) if digits else -1
+        if high is not None:
+            if 0xDC00 <= code < 0xE000 and high.end() == m.start():
+                high = None                 # a pair: one character
+                continue
+            out.append(text[last:high.start()] + REPLACEMENT)
+            last, lone, high = high.end(), lone + 1, None
+        if 0xD800 <= code < 0xDC00:
+            high = m
+        elif 0xDC00 <= code < 0xE000:
+            out.append(text[last:m.start()] + REPLACEMENT)
+            last, lone = m.end(), lone + 1
+    if high is not None:
+        if high.end() == len(text):         # its low half may come next
+            out.append(text[last:high.start()])
+            return "".join(out), text[high.start():], lone
+        out.append(text[last:high.start()] + REPLACEMENT)
+        last, lone = high.end(), lone + 1
+    out.append(text[last:])
+    return "".join(out), "", lone
+
+
+_RAW_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value: object) -> str:
+    """``json.dumps(value, ensure_ascii=False)`` without lone surrogates (a Python literal
+    or a decoded escape can hold one; written raw, no UTF-8 encoder takes it): each
+    becomes U+FFFD."""
+    text = json.dumps(value, ensure_ascii=False)
+    if _RAW_SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")

@@ -179,9 +179,10 @@ def test_fallback_reads_objects_one_after_another():
     ("hermes", '<tool_call>{"name": "get_weather", "ci\nty": "Paris"}</tool_call>',
      "", [("get_weather", {})]),
     ("hermes", '<tool_call>{"na\nme": "get_time"}</tool_call>', "", []),
-    # a bad escape: closed after the backslash (was closed as \", an unterminated string)
+    # a bad escape: closed before the backslash (no invented character: it was closed as
+    # "\n" before issue 26, as \", an unterminated string, before that)
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Par\\\nis"}', "",
-     [("get_weather", {"city": "Par\n"})]),
+     [("get_weather", {"city": "Par"})]),
     # a later object in the list that is no call is dropped, however the text is cut
     ("json", '[{"name": "get_time", "arguments": {}}, {"name": "get_\tweather", '
      '"arguments": {}}] Done.', " Done.", [("get_time", {})]),

@@ -10,17 +10,28 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from podium.parsing.events import Event, TextDelta, ToolCallArgsDelta, ToolCallBegin, ToolCallEnd
-from podium.parsing.scan import JsonPrefix, JsonValue, Markers
-from podium.parsing.tools.jsoncall import JsonCall, Lane
+from podium.parsing.scan import JsonPrefix, JsonValue, Markers, json_text, split_escapes
+from podium.parsing.tools.jsoncall import JsonCall, Lane, string_arguments
 
 log = logging.getLogger(__name__)
 _WS = " \t\r\n"
 STRAY = "\"'}])"       # what a model leaves after a call's JSON: dropped, never content
+# What a model leaves right after a call, as text: the end of its turn (each chat format's
+# end token, written out instead of sampled as the special token), a reasoning close tag
+# written again. Dropped there, before any other content (see ``ToolParser._after_call``).
+LEFTOVERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "</s>", "<|endoftext|>",
+             "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>",
+             "<end_of_turn>", "<|END_OF_TURN_TOKEN|>", "</think>", "[/THINK]")
+FENCE = "```"
+# Content that ends in a code fence's opener (or the start of one): held, and dropped if a
+# call follows it (the fence was around the call), else released with what follows.
+_FENCE_TAIL = re.compile(r"```[\w+.-]*[ \t]*\n?[ \t]*\Z|(?<!`)`{1,2}\Z")
 
 
 def new_call_id() -> str:
@@ -74,6 +85,21 @@ class ToolParser:
         self._guard_tail = ""       # content that may begin a marker with what follows
         self._fast_state = ""       # see fast_text()
         self._fast: Markers | None = None
+        # "" (content as it comes), "after" (right after a call: leftovers are dropped, see
+        # _after_call), "fence" (held content ends in a fence: see _tidy_plain)
+        self._tidy = ""
+        self._tidy_held = ""        # the start of what may be a leftover, after a call
+
+    def add_markup(self, *markup: str) -> None:
+        """More strings that never reach content (the reasoning parser's close tag written
+        again in the answer): the last guard drops them, and the fast path looks for them."""
+        markup = tuple(m for m in markup if m and (self._guard is None
+                                                   or m not in self._guard.markers))
+        if not markup:
+            return
+        self._guard = Markers(*(self._guard.markers if self._guard else ()), *markup)
+        if self._fast is not None:
+            self._fast = Markers(*self._fast.markers, *markup)
 
     def fast_text(self, state: str, marks: Markers) -> None:
         """Take ``feed``'s fast path in ``state``: the family's step there is
@@ -132,7 +158,16 @@ class ToolParser:
         self._finish(rest)
         if self._guard_tail:            # the output ended: no marker can follow
             tail, self._guard, self._guard_tail = self._guard_tail, None, ""
-            self.text(tail)
+            if cut_markup(tail):
+                self.stray(tail, "content (a marker cut short at the end)")
+            else:
+                self.text(tail)
+        if self._tidy_held:             # the start of a leftover, cut short
+            held, self._tidy_held = self._tidy_held, ""
+            if len(held) >= 2:
+                self.stray(held, "content after a tool call")
+            else:
+                self._plain(held)
         if self._call is not None:
             self.end_call()
         if self._ws and not self.calls:
@@ -191,6 +226,8 @@ class ToolParser:
     def drop_call(self, name: str | None, why: str = "not a declared tool") -> None:
         """A call that cannot be kept: nothing of it (markup or text) reaches the answer."""
         log.warning("dropped a tool call%s: %s", f" to {name!r}" if name else "", why)
+        self._held_before_call()
+        self._tidy = "after"
 
     def skip_stray(self, buf: str) -> int:
         """How many of the characters that start ``buf`` are a stray quote, brace or bracket
@@ -232,12 +269,90 @@ class ToolParser:
 
     def _plain(self, text: str) -> None:
         """Content past the guard (not empty): trailing whitespace is held (see ``text``)."""
+        if self._tidy or "`" in text:
+            self._tidy_plain(text)
+            return
         body = text.rstrip()
         if not body:
             self._ws.append(text)       # pieces: a run of blank deltas is joined once
             return
         self._out.append(TextDelta("".join(self._ws) + body if self._ws else body))
         self._ws = [text[len(body):]] if len(body) < len(text) else []
+
+    def _tidy_plain(self, text: str) -> None:
+        """``_plain`` right after a call (leftovers dropped), or with a code fence at the end
+        of the content (held like trailing blanks: a call right after it drops it)."""
+        if self._tidy == "after":
+            text = self._after_call(text)
+            if not text:
+                return
+        self._tidy = ""
+        body = text.rstrip()
+        if not body:
+            self._ws.append(text)
+            return
+        held = text[len(body):]
+        fence = _FENCE_TAIL.search(body) if "`" in body else None
+        if fence is not None:
+            body, held = body[:fence.start()], body[fence.start():] + held
+            self._tidy = "fence"            # what follows decides: look at it here again
+        if body:
+            self._out.append(TextDelta("".join(self._ws) + body if self._ws else body))
+            self._ws = []
+        if held:
+            self._ws.append(held)
+        if self._tidy == "fence":           # join the held fence with what follows
+            self._ws = ["".join(self._ws)]
+            self._tidy_fence()
+
+    def _tidy_fence(self) -> None:
+        """The held text (one piece) ends in a fence: the next content is looked at with
+        it (a fence's language comes in pieces)."""
+        held = self._ws[0]
+        body = held.rstrip()
+        fence = _FENCE_TAIL.search(body)
+        if fence is None:
+            self._tidy = ""
+            return
+        if fence.start():                   # blanks before the fence stay blanks
+            self._ws = [held[:fence.start()], held[fence.start():]]
+
+    def _after_call(self, text: str) -> str:
+        """Content right after a call, with what a model leaves there as text dropped (an
+        end token, a reasoning close tag, a bare closing fence; see ``LEFTOVERS``). What
+        may still become one waits; the first other content ends this."""
+        if self._tidy_held:
+            text, self._tidy_held = self._tidy_held + text, ""
+        i = 0
+        while True:
+            j = i
+            while j < len(text) and text[j] in _WS:
+                j += 1
+            rest = text[j:]
+            if not rest:
+                return text
+            token = next((t for t in LEFTOVERS if rest.startswith(t)), None)
+            if token is not None:
+                self.stray(token, "content after a tool call")
+                text, i = text[:j] + rest[len(token):], j
+                continue
+            if rest.startswith(FENCE):
+                newline = rest.find("\n")
+                line = rest[3:] if newline < 0 else rest[3:newline]
+                if line.strip(_WS + "`"):           # a code block opens: content
+                    break
+                if newline < 0:
+                    self._tidy_held = rest
+                    return text[:j]
+                self.stray(FENCE, "content after a tool call")
+                text, i = text[:j] + rest[newline + 1:], j
+                continue
+            if any(t.startswith(rest) for t in (*LEFTOVERS, FENCE)):
+                self._tidy_held = rest
+                return text[:j]
+            break
+        self._tidy = ""
+        return text
 
     def _guarded(self, text: str) -> str:
         guard = self._guard
@@ -254,6 +369,13 @@ class ToolParser:
             self._guard_tail, text = text[len(text) - held:], text[:len(text) - held]
         return text
 
+    def _held_before_call(self) -> None:
+        """A call begins (or one was dropped): what content held back before it goes (blanks,
+        a fence opened around the call)."""
+        if self._tidy == "fence":
+            self.stray(FENCE, "content before a tool call")
+        self._ws, self._tidy = [], ""
+
     @property
     def _open_name(self) -> str:
         """The name of the call being written (states that read arguments have one)."""
@@ -261,7 +383,7 @@ class ToolParser:
         return self._call.name
 
     def begin_call(self, name: str) -> None:
-        self._ws = []
+        self._held_before_call()
         if self.tools.max_calls is not None and self.calls >= self.tools.max_calls:
             log.warning("dropping tool call %r: parallel_tool_calls is false", name)
             self._dropping = True
@@ -300,19 +422,57 @@ class ToolParser:
         call, self._call = self._call, None
         if call is None:
             return
+        self._tidy = "after"
+        held, call.hold = call.hold, ""          # a cut escape, a comma: never completed
         fix = call.json.completion() if call.parts else "{}"
-        if fix and call.parts and not call.warned:
+        if (fix or held.strip(_WS)) and call.parts and not call.warned:
             log.warning("tool call %r was cut short; closed as valid JSON", call.name)
-        self._append(call, fix)
+        call.json.attention, call.json.out = False, None
+        self._emit(call, fix)
         if not self._dropping:
             self._out.append(ToolCallEnd(call.index, "".join(call.parts)))
         self._dropping = False
 
     def _append(self, call: "_OpenCall", text: str) -> None:
+        """Argument text the call's validator accepted. What it flagged (``attention``)
+        is looked at first: Python literals it converted, commas it dropped or holds, and
+        escapes (one cut short waits for its end, a lone surrogate is replaced)."""
+        if call.hold or call.json.attention:
+            text = self._held_back(call, text)
+        self._emit(call, text)
+
+    def _emit(self, call: "_OpenCall", text: str) -> None:
         if text:
             call.parts.append(text)
             if not self._dropping:
                 self._out.append(ToolCallArgsDelta(call.index, text))
+
+    def _held_back(self, call: "_OpenCall", text: str) -> str:
+        prefix = call.json
+        prefix.attention = False
+        if prefix.out is not None:              # Python literals: the JSON made of them
+            text, prefix.out = prefix.out, None
+        offset = len(call.hold)
+        text, call.hold = call.hold + text, ""
+        if prefix.closers:                      # a comma right before a closer goes
+            for at in reversed(prefix.closers):
+                k = text.rfind(",", 0, offset + at)
+                text = text[:k] + text[k + 1:]
+            prefix.closers = []
+            if not call.warned:
+                log.warning("tool call %r: dropped a comma before a closing bracket",
+                            call.name)
+        comma = ""
+        if prefix.comma_pending:                # held until a key or value follows it
+            at = text.rfind(",")
+            text, comma = text[:at], text[at:]
+        if "\\" in text:
+            text, call.hold, lone = split_escapes(text)
+            if lone:
+                log.warning("tool call %r: replaced %d lone surrogate escape(s) with "
+                            "U+FFFD", call.name, lone)
+        call.hold += comma
+        return text
 
     def start_call_object(self) -> None:
         """Expect a ``{"name": ..., "arguments": ...}`` object next (see ``call_object``)."""
@@ -356,8 +516,22 @@ class ToolParser:
     def emit_whole_call(self, name: str, arguments: Any) -> None:
         """A call known all at once (pythonic lists, buffered XML values)."""
         self.begin_call(name)
-        self.call_args(json.dumps(arguments, ensure_ascii=False))
+        self.call_args(json_text(arguments))
         self.end_call()
+
+    def value_args(self, args: JsonValue, text: str) -> int:
+        """More of a call's arguments written as one JSON value (``args`` follows it): the
+        index in ``text`` just past its end, or -1. An object streams as written; a JSON
+        string holding the object (double-encoded) is decoded once it is whole."""
+        end = args.feed(text)
+        if args.kind == "string":
+            if end >= 0:
+                self.call_args(string_arguments(args.text))
+                args._parts.clear()
+            return end
+        self.call_args(args.last)
+        args._parts.clear()
+        return end
 
 
 @dataclass
@@ -368,3 +542,11 @@ class _OpenCall:
     parts: list[str] = field(default_factory=list)
     json: JsonPrefix = field(default_factory=JsonPrefix)
     warned: bool = False
+    hold: str = ""          # accepted text not passed on yet (see ToolParser._append)
+
+
+def cut_markup(tail: str) -> bool:
+    """A held start of a marker, at the end of the output: markup cut short (dropped), not
+    text (``<｜tool▁calls`` is; ``a [`` is not)? Three characters, or one a text never
+    holds (a full-width bar)."""
+    return len(tail) >= 3 or not tail.isascii()

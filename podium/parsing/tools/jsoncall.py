@@ -7,11 +7,12 @@ name must be complete (and declared) before the call begins.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Callable, ClassVar, Optional, Tuple
 
-from podium.parsing.scan import JsonPrefix, JsonValue
+from podium.parsing.scan import JsonPrefix, JsonValue, json_text
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 _WS = " \t\r\n"
@@ -183,7 +184,7 @@ class JsonCall:
                 self._on_args(part)
             self._early_args = []
         elif self._key in ARGUMENT_KEYS and self._value.kind != "container":
-            self._args(_string_arguments(text))
+            self._args(string_arguments(text))
 
     def _s_after(self, chunk: str, i: int) -> int:
         i = self._skip(chunk, i)
@@ -232,8 +233,10 @@ def _string(text: str) -> str:
     return json.loads(text)
 
 
-def _string_arguments(text: str) -> str:
-    """Arguments written as a JSON string holding JSON, or null: the object text."""
+def string_arguments(text: str) -> str:
+    """Arguments written as a JSON string (``"{\\"city\\": \\"Paris\\"}"``, double-encoded),
+    or null: the object's text. A string holding a Python dict (``"{'city': 'Paris'}"``)
+    is read as Python; anything else stays a string (not an object: sent as ``{}``)."""
     try:
         value = json.loads(text)
     except ValueError:
@@ -245,5 +248,15 @@ def _string_arguments(text: str) -> str:
             json.loads(value)
             return value
         except ValueError:
-            return json.dumps(value)
+            pass
+        try:
+            literal = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            literal = None
+        if isinstance(literal, dict):
+            try:
+                return json_text(literal)
+            except (TypeError, ValueError):      # sets, bytes: no JSON
+                pass
+        return json.dumps(value)
     return text
