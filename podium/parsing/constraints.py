@@ -25,11 +25,12 @@ naming the parameter:
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from typing import Any, Mapping
 
-from llama_cpp.llama_grammar import SchemaConverter
+from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
 from podium.errors import InvalidRequestError
 
@@ -41,7 +42,7 @@ MAX_SCHEMA_DEPTH = 32      # subschemas inside subschemas
 MAX_SCHEMA_NODES = 2000    # subschemas in one request (all tools together)
 MAX_OPTIONAL_PROPERTIES = 128   # per object: the converter's work is quadratic in them
 MAX_PATTERN_CHARS = 1000   # the converter parses a pattern's groups by recursion
-MAX_ENUM = 1000            # values of one enum (OpenAI's limit too)
+MAX_ENUM = 256             # values of one enum: see MAX_OPEN_ALTERNATIVES
 
 # Grammar bounds (checked on the GBNF itself).
 MAX_GRAMMAR_CHARS = 512 * 1024
@@ -49,6 +50,12 @@ MAX_NESTING = 1024         # llama.cpp's parser: two C++ frames (under 1 KB) per
 MAX_LEFT_CHAIN = 4096      # its left-recursion check recurses along leftmost references
 MAX_LEFT_PATHS = 100_000   # ... and walks every path of them (it does not memoize)
 MAX_FIRSTS = 4096          # ways a rule can start: the stacks llama.cpp makes for it
+MAX_OPEN_ALTERNATIVES = 256     # ... and what one step can cost: llama.cpp checks each of
+#                                 those stacks against every candidate token, so masking
+#                                 the 151,936 tokens of the default model cost 0.4-1.7 s for
+#                                 an enum of 1,000 values (all open at its opening quote),
+#                                 on the worker thread every stream waits for; 256 covers a
+#                                 list of countries, and a mask of 256 about 0.1-0.45 s
 LLAMA_REPETITION_THRESHOLD = 2000   # MAX_REPETITION_THRESHOLD in llama-grammar.cpp; the
 #                                     vendored build refuses a repetition of a group that
 #                                     made more than this many symbols (as counted here)
@@ -60,7 +67,10 @@ class GrammarError(ValueError):
 
 
 class CheckedGrammar(str):
-    """GBNF text that ``check_grammar`` accepted (made by ``checked``)."""
+    """GBNF text that ``check_grammar`` accepted (made by ``checked``); ``param`` is the
+    request parameter it was made from, for errors found while it is applied."""
+
+    param: str | None = None
 
 
 def checked(text: str) -> CheckedGrammar:
@@ -71,10 +81,20 @@ def checked(text: str) -> CheckedGrammar:
     return CheckedGrammar(text)
 
 
-def schema_grammar(schema: dict[str, Any], param: str) -> CheckedGrammar:
-    """The GBNF for JSON valid against ``schema``; a 400 naming ``param`` when it cannot be."""
-    _SchemaCheck(param, "JSON schema: ").run(schema)
+def schema_grammar(schema: dict[str, Any], param: str, strict: bool = False
+                   ) -> CheckedGrammar:
+    """The GBNF for JSON valid against ``schema``; a 400 naming ``param`` when it cannot be
+    (or, when ``strict``, when the schema has a keyword the grammar would not enforce)."""
+    _SchemaCheck(param, "JSON schema: ", strict=strict).run(schema)
     return _checked(_convert(schema, param), param)
+
+
+def check_strict(schema: dict[str, Any] | None, param: str, prefix: str = "JSON schema: "
+                 ) -> None:
+    """A 400 naming ``param`` and the keyword when ``schema`` has a keyword Podium's grammar
+    does not enforce: strict mode promises output valid against the whole schema, as
+    OpenAI's strict mode refuses the keywords it cannot enforce."""
+    _SchemaCheck(param, prefix, strict=True).run(schema or {})
 
 
 def json_object_grammar() -> CheckedGrammar:
@@ -102,9 +122,11 @@ def tool_call_grammar(schemas: dict[str, dict[str, Any]], family: str, parallel:
         root = (f'root ::= "[" {call} ("," " "? {call})* "]"' if parallel
                 else f"root ::= {call}")
     try:
-        return checked(root + "\n" + rules)
+        made = checked(root + "\n" + rules)
     except GrammarError as exc:
         raise _at_fault(schemas, params) or _refusal(exc, only) from None
+    made.param = only
+    return made
 
 
 def _call_rules(schemas: dict[str, dict[str, Any]], param: str) -> tuple[str, str]:
@@ -139,9 +161,11 @@ def _at_fault(schemas: dict[str, dict[str, Any]], params: Mapping[str, str]
 
 def _checked(grammar: str, param: str) -> CheckedGrammar:
     try:
-        return checked(grammar)
+        made = checked(grammar)
     except GrammarError as exc:
         raise _refusal(exc, param) from None
+    made.param = param
+    return made
 
 
 def _refusal(exc: GrammarError, param: str, prefix: str = "JSON schema: ") -> InvalidRequestError:
@@ -164,9 +188,99 @@ class _Converter(SchemaConverter):
     def __init__(self) -> None:
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
 
+    def visit(self, schema: Any, name: str) -> str:
+        # Two cases the port drops keywords in: a type list (it keeps only the types, so
+        # ["string", "null"] lost maxLength) and integer bounds (left as a TODO there).
+        if isinstance(schema, dict) and not _dispatched_before_type(schema):
+            rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+            types = schema.get("type")
+            if isinstance(types, list):
+                branches = [{**schema, "type": t} for t in types]
+                return self._add_rule(rule_name, self._generate_union_rule(name, branches))
+            if types == "integer" and any(k in schema for k in _NUMBER_BOUNDS):
+                low, high = integer_bounds(schema)
+                return self._add_rule(rule_name, _integer_range(low, high) + " space")
+        return super().visit(schema, name)
+
     def _format_literal(self, literal: str) -> str:
         return '"' + _LITERAL_SPECIAL.sub(lambda m: _LITERAL_ESCAPES[m.group()],
                                           _unescaped(literal)) + '"'
+
+
+def _dispatched_before_type(schema: dict[str, Any]) -> bool:
+    """Whether the port's ``visit`` settles ``schema`` by a keyword it looks at before the
+    type: a reference, a union, a constant or an enum."""
+    return any(k in schema for k in ("$ref", "anyOf", "oneOf", "const", "enum"))
+
+
+# -- integer bounds -------------------------------------------------------------------------
+
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_INT_LIMIT = 10 ** 16 - 1       # the port's integer rule writes at most 16 digits
+
+
+def integer_bounds(schema: Mapping[str, Any]) -> tuple[int, int]:
+    """The least and greatest integer ``schema``'s bounds allow, within what the grammar's
+    16 digits can write (``exclusiveMinimum: true`` is draft 4's spelling)."""
+    low, high = -_INT_LIMIT, _INT_LIMIT
+    minimum, maximum = schema.get("minimum"), schema.get("maximum")
+    ex_min, ex_max = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if _is_number(minimum):
+        low = max(low, math.floor(minimum) + 1 if ex_min is True else math.ceil(minimum))
+    if _is_number(maximum):
+        high = min(high, math.ceil(maximum) - 1 if ex_max is True else math.floor(maximum))
+    if _is_number(ex_min):
+        low = max(low, math.floor(ex_min) + 1)
+    if _is_number(ex_max):
+        high = min(high, math.ceil(ex_max) - 1)
+    return low, high
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer_range(low: int, high: int) -> str:
+    """A GBNF group matching the JSON integers from ``low`` to ``high`` and nothing else
+    (no leading zeros, no ``-0``): one alternative per run of digits that a range of
+    equal-length numbers splits into, as a regular expression for a numeric range is built."""
+    alternatives = []
+    if high >= 0:
+        alternatives += _naturals(max(low, 0), high)
+    if low < 0:
+        alternatives += ['"-" ' + a for a in _naturals(max(1, -high), -low)]
+    return "(" + " | ".join(alternatives) + ")"
+
+
+def _naturals(low: int, high: int) -> list[str]:
+    out = []
+    for length in range(len(str(low)), len(str(high)) + 1):
+        first = 10 ** (length - 1) if length > 1 else 0
+        a, b = max(low, first), min(high, 10 ** length - 1)
+        if a <= b:
+            out += [" ".join(atoms) for atoms in _same_length(str(a), str(b))]
+    return out
+
+
+def _same_length(low: str, high: str) -> list[list[str]]:
+    """Sequences of digit atoms covering the numbers from ``low`` to ``high`` (as many
+    digits each), sharing no first atom."""
+    if not low:
+        return [[]]
+    rest = len(low) - 1
+    if low[0] == high[0]:
+        return [[f'"{low[0]}"', *tail] for tail in _same_length(low[1:], high[1:])]
+    if low[1:] == "0" * rest and high[1:] == "9" * rest:
+        return [[_digits(int(low[0]), int(high[0])), *["[0-9]"] * rest]]
+    out = [[f'"{low[0]}"', *tail] for tail in _same_length(low[1:], "9" * rest)]
+    if int(low[0]) + 1 <= int(high[0]) - 1:
+        out.append([_digits(int(low[0]) + 1, int(high[0]) - 1), *["[0-9]"] * rest])
+    out += [[f'"{high[0]}"', *tail] for tail in _same_length("0" * rest, high[1:])]
+    return out
+
+
+def _digits(low: int, high: int) -> str:
+    return f'"{low}"' if low == high else f"[{low}-{high}]"
 
 
 _LITERAL_SPECIAL = re.compile(r'[\\"\r\n]')
@@ -216,8 +330,9 @@ _NON_EMPTY = ("enum", "anyOf", "oneOf")
 class _SchemaCheck:
     """Refuse, naming where, what the converter or llama.cpp cannot take."""
 
-    def __init__(self, param: str, prefix: str, budget: _Budget | None = None):
-        self.param, self.prefix = param, prefix
+    def __init__(self, param: str, prefix: str, budget: _Budget | None = None,
+                 strict: bool = False):
+        self.param, self.prefix, self.strict = param, prefix, strict
         self.budget = budget or _Budget()
         self.seen: set[int] = set()
         self.root: Any = None
@@ -266,6 +381,12 @@ class _SchemaCheck:
             self.bounds(node, where, low, high)
         if "pattern" in node:
             self.pattern(node["pattern"], where)
+        self.number_bounds(node, where)
+        if self.strict:
+            for keyword in unenforced(node):
+                self.fail(where, f"keyword {keyword!r} is not enforced by Podium's output "
+                                 f"grammar, so strict mode refuses it (without strict it is "
+                                 f"accepted and not enforced)")
         required = node.get("required")
         required = {r for r in required if isinstance(r, str)} if isinstance(
             required, list) else set()
@@ -286,6 +407,19 @@ class _SchemaCheck:
                                  f"{MAX_REPETITION} repetitions")
         if low in node and high in node and node[low] > node[high]:
             self.fail(where, f"{low} is more than {high}")
+
+    def number_bounds(self, node: dict[str, Any], where: str) -> None:
+        for key in _NUMBER_BOUNDS:
+            value = node.get(key)
+            exclusive_flag = key.startswith("exclusive") and isinstance(value, bool)
+            if key in node and not exclusive_flag and not (
+                    _is_number(value) and math.isfinite(value)):
+                self.fail(where, f"{key} must be a number")
+        if node.get("type") == "integer" and any(k in node for k in _NUMBER_BOUNDS):
+            low, high = integer_bounds(node)
+            if low > high:
+                self.fail(where, f"no integer of at most 16 digits is within the bounds "
+                                 f"(from {low} to {high})")
 
     def pattern(self, pattern: Any, where: str) -> None:
         if not isinstance(pattern, str):
@@ -318,6 +452,74 @@ class _SchemaCheck:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+# -- keywords the grammar enforces ----------------------------------------------------------
+
+# Keywords that constrain a JSON value (annotations such as title, description, default and
+# examples constrain nothing, so they never count).
+_VALIDATION = frozenset((
+    "type", "enum", "const", "multipleOf", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "minLength", "maxLength", "pattern", "format", "items",
+    "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+    "minContains", "maxContains", "unevaluatedItems", "properties", "required",
+    "additionalProperties", "patternProperties", "propertyNames", "minProperties",
+    "maxProperties", "dependentRequired", "dependentSchemas", "dependencies",
+    "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "$ref", "nullable"))
+_FORMATS = frozenset(("date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3",
+                      "uuid4", "uuid5"))
+
+
+def unenforced(node: dict[str, Any]) -> list[str]:
+    """The validation keywords of one schema object (not its subschemas) that the grammar
+    made from it does not enforce: the converter looks at one group of keywords, chosen by
+    the first that is present, and ignores the others."""
+    honoured = _honoured(node)
+    return [k for k, v in node.items() if k in _VALIDATION and k not in honoured
+            and not _vacuous(k, v)]
+
+
+def _vacuous(keyword: str, value: Any) -> bool:
+    """Whether a keyword's value constrains nothing (so not enforcing it loses nothing)."""
+    return (value is True and keyword in ("additionalProperties", "additionalItems",
+                                          "unevaluatedProperties", "unevaluatedItems")
+            or value in ([], {}) and keyword in ("required", "properties", "allOf",
+                                                  "dependentRequired"))
+
+
+def _honoured(node: dict[str, Any]) -> set[str]:
+    if "$ref" in node:
+        return {"$ref"}
+    if "oneOf" in node:
+        return set()                # written as anyOf: "exactly one" is not enforced
+    if "anyOf" in node:
+        return {"anyOf"}
+    types = node.get("type")
+    if isinstance(types, list):     # one branch per type, each keeping the other keywords
+        return set().union(*(_honoured({**node, "type": t}) for t in types)) | {"type"}
+    if "const" in node or "enum" in node:
+        return {"const", "enum", "type"}    # exact values; the type adds nothing
+    if types in (None, "object") and ("properties" in node or node.get(
+            "additionalProperties", True) is not True):
+        required, properties = node.get("required"), node.get("properties")
+        listed = isinstance(required, list) and all(
+            isinstance(properties, dict) and r in properties for r in required)
+        return {"type", "properties", "additionalProperties"} | ({"required"} if listed
+                                                                 else set())
+    if types in (None, "array") and isinstance(node.get("items"), dict):
+        return {"type", "items", "minItems", "maxItems"}
+    if types in (None, "array") and ("items" in node or "prefixItems" in node):
+        return {"type", "items" if isinstance(node.get("items"), list) else "prefixItems"}
+    if types in (None, "string") and "pattern" in node:
+        return {"type", "pattern"}
+    if types in (None, "string") and node.get("format") in _FORMATS:
+        return {"type", "format"}
+    if types == "string":
+        return {"type", "minLength", "maxLength"}
+    if types == "integer":
+        return {"type", *_NUMBER_BOUNDS}
+    return {"type"}
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -648,6 +850,12 @@ def _check_expansion(rules: dict[str | int, list[list[Any]]]) -> None:
             or max(*walk.firsts.values(), *starts.values(), 0) > MAX_FIRSTS):
         raise GrammarError("rules can start in too many ways (as with nested repetitions of "
                            "something that can be empty, like ((a?){2}){2} in a pattern)")
+    widest = max(*walk.firsts.values(), *starts.values(), 0)
+    if widest > MAX_OPEN_ALTERNATIVES:
+        raise GrammarError(f"a value can start in {widest} ways at once (as an enum of "
+                           f"{widest} values, or a union of that many); Podium allows at most "
+                           f"{MAX_OPEN_ALTERNATIVES}, since llama.cpp checks each of them "
+                           f"against the whole vocabulary at a step")
 
 
 def _nullable(rules: dict[str | int, list[list[Any]]]) -> set[Any]:

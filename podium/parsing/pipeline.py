@@ -18,6 +18,7 @@ class CallParser(Protocol):
 
     def feed(self, text: str) -> list[Event]: ...
     def flush(self) -> list[Event]: ...
+    def add_markup(self, *markup: str) -> None: ...
 
 
 class OutputParser:
@@ -27,6 +28,9 @@ class OutputParser:
         self._tools = tools
         self._calls_finish = calls_finish     # "stop" under a named tool_choice, as OpenAI
         self._logprobs: list = []             # raw logprobs waiting for a text event
+        if reasoning is not None and tools is not None:
+            # the close tag written again in the answer is the reasoning's markup: dropped
+            tools.add_markup(reasoning.close_tag)
 
     def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []

@@ -7,10 +7,13 @@ reasoning from its first token, which ``starts_inside(prompt)`` detects.
 
 from __future__ import annotations
 
+import logging
+
 from podium.parsing.events import Event, ReasoningDelta, TextDelta
 from podium.parsing.scan import Markers
 
 _WS = " \t\r\n"
+log = logging.getLogger(__name__)
 
 
 class ReasoningParser:
@@ -86,10 +89,17 @@ class ReasoningParser:
         return pos + len(marker)
 
     def _s_after(self, buf: str, out: list[Event]) -> int | None:
-        """Whitespace between the reasoning and the answer belongs to neither."""
+        """Whitespace between the reasoning and the answer belongs to neither; nor does the
+        close tag written again (dropped, logged)."""
         stripped = buf.lstrip(_WS)
         if not stripped:
             return len(buf)
+        close = self.close_tag
+        if close.startswith(stripped) and stripped != close:
+            return None
+        if stripped.startswith(close):
+            log.warning("dropped stray %r from the model's answer", close)
+            return len(buf) - len(stripped) + len(close)
         self.state = "content"
         return len(buf) - len(stripped)
 

@@ -545,6 +545,19 @@ class _OpenCall:
     hold: str = ""          # accepted text not passed on yet (see ToolParser._append)
 
 
+def double_decoded(value: Any, kind: Any) -> Any:
+    """A value the schema types as an object or array, written as a JSON string holding
+    it (double-encoded): the value it holds; anything else as it is."""
+    if not isinstance(value, str) or kind not in ("object", "array"):
+        return value
+    try:
+        inner = json.loads(value)
+    except ValueError:
+        return value
+    wanted = dict if kind == "object" else list
+    return inner if isinstance(inner, wanted) else value
+
+
 def cut_markup(tail: str) -> bool:
     """A held start of a marker, at the end of the output: markup cut short (dropped), not
     text (``<｜tool▁calls`` is; ``a [`` is not)? Three characters, or one a text never

@@ -152,8 +152,10 @@ class FallbackJsonParser(ToolParser):
             self.take_blanks()
             self._in_list = False
             return 1
-        if not self._in_list and buf[0] == "{":       # objects one after another
-            self.take_blanks()
+        if buf[0] == "{":                   # objects one after another (in a list: its
+            self.take_blanks()              # comma left out)
+            if self._in_list:
+                self.stray("',' left out", "tool call list")
             self._state = "start"
             return 0
         stray = self.skip_stray(buf)
@@ -201,6 +203,10 @@ class WithJsonFallback:
     @property
     def calls(self) -> int:     # the primary counts on from the fallback's calls
         return max(self._primary.calls, self._fallback.calls)
+
+    def add_markup(self, *markup: str) -> None:
+        self._primary.add_markup(*markup)
+        self._fallback.add_markup(*markup)
 
     def feed(self, text: str) -> list[Event]:
         if self._active is not None:

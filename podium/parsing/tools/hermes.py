@@ -17,7 +17,9 @@ What a ``<tool_call>`` opens (docs/parsing.md, "Malformed model output"):
 - an object naming no declared tool: dropped, markup and all (logged);
 - anything else (prose that mentions the tag): the tag is dropped, the prose is content.
 
-``<tool_call>`` written twice is read once; a ``</tool_call>`` out of place is dropped.
+``<tool_call>`` written twice is read once; a ``</tool_call>`` out of place is dropped; a
+second call object right after the first, inside the same block (``</tool_call><tool_call>``
+left out between them), is a second call.
 """
 
 from __future__ import annotations
@@ -227,6 +229,13 @@ class HermesParser(ToolParser):
         if blanks:
             return blanks
         if not self._closed:
+            if buf[0] == "{":               # the next call, glued to this one
+                self.take_blanks()
+                self.stray(f"{self.CLOSE}{self.OPEN} left out", "tool call")
+                self._raw = []
+                self.start_call_object()
+                self._state = "call"
+                return 0
             stray = self.skip_stray(buf)
             if stray:
                 self.take_blanks()

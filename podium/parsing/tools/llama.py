@@ -5,27 +5,42 @@ separated by ``;``::
 
     {"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}
 
-Pythonic::
+Pythonic (Llama 4 between ``<|python_start|>`` and ``<|python_end|>``)::
 
     [get_weather(city="Paris"), get_time()]
+    <|python_start|>[get_weather(city="Paris")]<|python_end|>
 
-A call list is recognised only at the start of the answer; an object or list that does not
-name declared tools is content (no markup says it is a call), except after
-``<|python_tag|>``, which does: then it is dropped. Once calls were read, a later object that
-is no call is dropped; a stray quote or brace and a doubled ``;`` are skipped.
-``<|python_tag|>`` never reaches content. Pythonic calls are emitted when the list closes
-(a list cut short is closed first); calls to undeclared tools in it are dropped.
+Both families also read Llama 3.1's own format, anywhere in the answer::
+
+    <function=get_weather>{"city": "Paris"}</function>
+
+A call list is recognised at the start of the answer, or after ``<|python_tag|>`` /
+``<|python_start|>`` anywhere; an object or list that does not name declared tools is
+content (no markup says it is a call), except after a tag, which does: then it is dropped.
+Once calls were read, a later object that is no call is dropped; a stray quote or brace, a
+doubled ``;`` are skipped, and a ``;`` left out between two objects is read as there. The
+tags never reach content. Pythonic calls are emitted when the list closes (a list cut short
+is closed first, a comma left out between two calls is put back); calls to undeclared
+tools in it are dropped; JSON's ``true`` / ``false`` / ``null`` are read as Python's.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
+import re
+import tokenize
+from typing import Any
 
-from podium.parsing.scan import Markers
-from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.parsing.scan import JsonValue, Markers
+from podium.parsing.tools.base import ToolParser, ToolSet, double_decoded
 
 PYTHON_TAG = "<|python_tag|>"
+PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"     # Llama 4
+TAGS = (PYTHON_TAG, PYTHON_START)                # calls follow
+FUNCTION, FUNCTION_END = "<function=", "</function>"                # Llama 3.1
+NAME = re.compile(r"[\w.\-]+")
 _WS = " \t\r\n"
 
 
@@ -33,14 +48,17 @@ class _StartOfAnswer(ToolParser):
     """Shared start: skip whitespace and ``<|python_tag|>``, then look at the first character."""
 
     opener = "{"
-    MARKUP = (PYTHON_TAG,)
+    MARKUP = (PYTHON_TAG, PYTHON_START, PYTHON_END, FUNCTION, FUNCTION_END)
+    after_calls = "text"              # the state after a call
 
     def __init__(self, tools: ToolSet):
         super().__init__(tools)
         self._state = "start"
         self._raw: list[str] = []     # text held while it may be content, in pieces
         self._tagged = False          # <|python_tag|> came first: calls, not content
-        self._text_marks = Markers(PYTHON_TAG)
+        self._text_marks = Markers(*self.MARKUP)
+        self._name: list[str] = []    # <function=NAME>: the name so far
+        self._args = JsonValue()
 
     def _step(self, buf: str) -> int | None:
         return getattr(self, "_s_" + self._state)(buf)
@@ -50,10 +68,14 @@ class _StartOfAnswer(ToolParser):
         if len(stripped) < len(buf):        # held with the rest, not rescanned every delta
             self._raw.append(buf[:len(buf) - len(stripped)])
             return len(buf) - len(stripped)
-        if buf.startswith(PYTHON_TAG):
-            self._tagged = True
-            return len(PYTHON_TAG)
-        if PYTHON_TAG.startswith(buf):
+        for tag in TAGS:
+            if buf.startswith(tag):
+                self._tagged = True
+                return len(tag)
+        if buf.startswith(FUNCTION):
+            self._raw = []                  # blanks before a call
+            return self._function(len(FUNCTION))
+        if any(t.startswith(buf) for t in (*TAGS, FUNCTION)):
             return None
         if buf[0] != self.opener:
             return self._content(0)
@@ -70,18 +92,105 @@ class _StartOfAnswer(ToolParser):
         return used
 
     def _s_text(self, buf: str) -> int | None:
-        used, _ = self.scan_text(buf, self._text_marks, ())
+        used, marker = self.scan_text(buf, self._text_marks, (*TAGS, FUNCTION))
+        if marker == FUNCTION and used is not None:
+            return self._function(used)
+        if marker is not None:              # a tag: what follows is read as at the start
+            self._state, self._tagged, self._raw = "start", True, []
         return used
+
+    # -- Llama 3.1: <function=NAME>{...}</function> ------------------------------------
+
+    def _function(self, used: int) -> int:
+        self._state, self._name = "function", []
+        return used
+
+    def _s_function(self, buf: str) -> int | None:
+        """The name, up to ``>``; anything else after ``<function=`` was prose."""
+        close = buf.find(">")
+        piece = buf if close < 0 else buf[:close]
+        self._name.append(piece)
+        name = "".join(self._name).strip().strip("\"'")
+        if close < 0:
+            if len(name) > 200 or (name and not NAME.fullmatch(name)):
+                return self._not_a_function("")
+            return len(buf)
+        if not NAME.fullmatch(name):
+            return self._not_a_function(">", close + 1)
+        self._args = JsonValue()
+        if self.tools.allows(name):
+            self.begin_call(name)
+        else:
+            self.drop_call(name)
+            self._skip = JsonValue()
+        self._state = "function_args"
+        return close + 1
+
+    def _not_a_function(self, extra: str, used: int = 0) -> int:
+        self.stray(FUNCTION)
+        self.text("".join(self._name) + extra)
+        self._name, self._state = [], "text"
+        return used
+
+    def _s_function_args(self, buf: str) -> int | None:
+        """The arguments object (or a JSON string holding it) up to its end; none before
+        ``</function>`` is ``{}``."""
+        if not self._args.kind and not (self._skip and self._skip.kind):
+            lead = buf.lstrip(_WS)
+            if not lead:
+                return len(buf)
+            if lead[0] not in "{\"":           # no arguments (</function>, or junk)
+                self._end_function()
+                return len(buf) - len(lead)
+        if self._call is None:              # an undeclared tool: followed, not kept
+            end = self.skipping(buf)
+        else:
+            end = self.value_args(self._args, buf)
+        if end < 0:
+            return len(buf)
+        self._end_function()
+        return end
+
+    def _end_function(self) -> None:
+        self._skip = None
+        if self._call is not None:
+            self.end_call()
+        self._state = "function_end"
+
+    def _s_function_end(self, buf: str) -> int | None:
+        blanks = self.hold_blanks(buf)
+        if blanks:
+            return blanks
+        if buf.startswith(FUNCTION_END):
+            self.take_blanks()
+            self._state = self.after_calls
+            return len(FUNCTION_END)
+        if FUNCTION_END.startswith(buf):
+            return None
+        stray = self.skip_stray(buf)
+        if stray:
+            return stray
+        self.text(self.take_blanks())
+        self._state = self.after_calls
+        return 0
 
     def _finish(self, rest: str) -> None:
         if not self.calls and self._state in ("start", "text"):
             self.text("".join(self._raw) + rest)
         elif self._state == "text":
             self.text(rest)
-        self._raw = []
+        elif self._state == "function":     # cut in the name: a call if it is one
+            name = ("".join(self._name) + rest).strip().strip("\"'")
+            if NAME.fullmatch(name) and self.tools.allows(name):
+                self.begin_call(name)
+            elif name:
+                self.drop_call(name, "unfinished at the end of the output")
+        self._raw, self._name = [], []
 
 
 class Llama3JsonParser(_StartOfAnswer):
+    after_calls = "between"
+
     def _begin(self, skipped: int) -> int:
         self.start_call_object()
         self._state = "object"
@@ -131,14 +240,21 @@ class Llama3JsonParser(_StartOfAnswer):
         if buf[0] == ";":
             self._state = "next"
             return 1
+        if buf[0] == "{":                   # the next call, its ";" left out
+            self.stray("';' left out", "tool call list")
+            return self._begin(0)
         return self.skip_stray(buf) or self._tag_or_text(buf, "between")
 
     def _tag_or_text(self, buf: str, state: str) -> int | None:
-        if PYTHON_TAG.startswith(buf) and buf != PYTHON_TAG:
+        for tag in (*TAGS, PYTHON_END):
+            if buf.startswith(tag):         # before each call (or after): markup
+                if tag != PYTHON_END:
+                    self._state = "next"
+                return len(tag)
+        if buf.startswith(FUNCTION):
+            return self._function(len(FUNCTION))
+        if any(t.startswith(buf) for t in (*TAGS, PYTHON_END, FUNCTION)):
             return None
-        if buf.startswith(PYTHON_TAG):      # before each call: markup
-            self._state = "next"
-            return len(PYTHON_TAG)
         return self._after_calls(0)
 
     def _s_next(self, buf: str) -> int | None:
@@ -182,7 +298,13 @@ class PythonicParser(_StartOfAnswer):
 
     def _parse(self, used: int, closing: str = "") -> int:
         raw, self._raw, self._state = "".join(self._raw), [], "text"
-        calls = _pythonic_calls(raw.strip(_WS) + closing)
+        text = raw.strip(_WS) + closing
+        calls = _pythonic_calls(text)
+        if calls is None:
+            separated = _separated(text)
+            calls = _pythonic_calls(separated) if separated is not None else None
+            if calls:
+                self.stray("',' left out between calls", "tool call list")
         if not calls:
             self.text(raw)
             return used
@@ -190,12 +312,30 @@ class PythonicParser(_StartOfAnswer):
             self.stray(f"{closing!r} left out", "tool call list")
         for name, arguments in calls:
             if self.tools.allows(name):
-                self.emit_whole_call(name, arguments)
+                self.emit_whole_call(name, {k: double_decoded(v, self.tools.param_type(name, k))
+                                            for k, v in arguments.items()})
             else:
                 self.drop_call(name)
+        self._state = "list_end"
         return used
 
+    def _s_list_end(self, buf: str) -> int | None:
+        """Llama 4 closes the list with ``<|python_end|>``: markup, read silently."""
+        blanks = self.hold_blanks(buf)
+        if blanks:
+            return blanks
+        if PYTHON_END.startswith(buf) and buf != PYTHON_END:
+            return None
+        self._state = "text"
+        if buf.startswith(PYTHON_END):
+            self.take_blanks()
+            return len(PYTHON_END)
+        self.text(self.take_blanks())
+        return 0
+
     def _finish(self, rest: str) -> None:
+        if self._state == "list_end":
+            self._state = "text"
         if self._state == "list":           # cut short: closed, if that makes it a list
             self._raw.append(rest)
             closing = self._quote + "".join({"(": ")", "[": "]", "{": "}"}[c]
@@ -209,7 +349,7 @@ def _pythonic_calls(text: str) -> list[tuple[str, dict]] | None:
     """``[f(a=1), g(b="x")]`` as (name, arguments) pairs; None if it is anything else."""
     try:
         tree = ast.parse(text, mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     if not isinstance(tree, ast.List):
         return None
@@ -218,8 +358,8 @@ def _pythonic_calls(text: str) -> list[tuple[str, dict]] | None:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or node.args:
             return None
         try:
-            arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
-        except ValueError:
+            arguments = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None
         calls.append((node.func.id, arguments))
     try:                        # bytes, sets, complex, 1e999: Python literals, not JSON
@@ -227,3 +367,46 @@ def _pythonic_calls(text: str) -> list[tuple[str, dict]] | None:
     except (TypeError, ValueError):
         return None
     return calls
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+class _JsonNames(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id in _JSON_NAMES:
+            return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node)
+        return node
+
+
+def _literal(node: ast.expr) -> Any:
+    """A keyword's value: a Python literal (JSON's ``true`` / ``false`` / ``null`` too)."""
+    return ast.literal_eval(_JsonNames().visit(node))
+
+
+def _separated(text: str) -> str | None:
+    """``[f(a=1) g()]``, ``[f(a=1)g()]``: the commas a model left out between calls put
+    back (found with Python's tokenizer, so never inside a string); None if none was."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    depth, closed, inserts = 0, False, []
+    for token in tokens:
+        if token.type == tokenize.OP:
+            if token.string in "([{":
+                depth += 1
+            elif token.string in ")]}":
+                depth -= 1
+            closed = token.string == ")" and depth == 1
+            continue
+        if token.type == tokenize.NAME and closed:
+            inserts.append(starts[token.start[0] - 1] + token.start[1])
+        if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT):
+            closed = False
+    for at in reversed(inserts):
+        text = text[:at] + ", " + text[at:]
+    return text if inserts else None

@@ -1,9 +1,10 @@
 """Tool calls introduced by marker tokens, with JSON arguments: Mistral, DeepSeek, Kimi K2.
 
-Mistral, older (a JSON list) and v11+ (name, then ``[ARGS]``)::
+Mistral, older (a JSON list), v11+ (name, then ``[ARGS]``), and with a call id::
 
     [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]
     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}
+    [TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris"}
 
 DeepSeek V3 and V3.1::
 
@@ -17,9 +18,16 @@ Kimi K2::
 
     <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
 
+DeepSeek's markers are also read as models spell them (spaces, ``_`` or ``\\_`` for
+``▁``, the short ``<｜tool▁calls｜>`` opener), Kimi's section markers in the singular
+(``<|tool_call_section_begin|>``): ``Aliases`` rewrites them to the canonical markers as
+the text streams in.
+
 A call naming an undeclared tool is dropped, markup and all (logged); the markers never
 reach content (a doubled one is read once, a stray one dropped); a call whose opener or
-argument marker was left out is still read when its name is unambiguous.
+argument marker was left out is still read when its name is unambiguous, and so is a call
+glued to the one before it (``...{}get_time[ARGS]{}``: its opener left out). Arguments
+written as a JSON string holding the object are decoded.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from podium.parsing.scan import JsonValue, Markers
-from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.parsing.tools.base import ToolParser, ToolSet, cut_markup
 
 _WS = " \t\r\n"
 
@@ -42,21 +50,70 @@ class SectionFormat:
     header_end: str                 # ends the header that names the function
     call_close: str | None          # after each call's arguments
     name_of: Callable[[str], str]   # header text -> function name
+    call_id: str | None = None      # between the name and header_end: a call id follows
+    aliases: tuple[tuple[str, str], ...] = ()   # (how models spell a marker, the marker)
 
 
 def _kimi_name(header: str) -> str:
     return re.sub(r":\d+$", "", header.strip()).removeprefix("functions.")
 
 
+def _deepseek_spellings() -> tuple[tuple[str, str], ...]:
+    """DeepSeek's markers as models write them (llama.cpp reads the same openers): ``▁``
+    as a space, ``_`` or an escaped ``\\_`` (once or twice), and the short opener."""
+    tags = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+            "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
+    out = [(tag.replace("▁", sep), tag) for tag in tags for sep in (" ", "_", "\\_", "\\\\_")]
+    return (("<｜tool▁calls｜>", tags[0]), *out)
+
+
 DEEPSEEK = SectionFormat("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
-                         "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", str.strip)
+                         "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", str.strip,
+                         aliases=_deepseek_spellings())
 KIMI_K2 = SectionFormat("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                         "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
-                        _kimi_name)
-MISTRAL = SectionFormat("[TOOL_CALLS]", None, None, "[ARGS]", None, str.strip)
+                        _kimi_name,
+                        aliases=(("<|tool_call_section_begin|>", "<|tool_calls_section_begin|>"),
+                                 ("<|tool_call_section_end|>", "<|tool_calls_section_end|>")))
+MISTRAL = SectionFormat("[TOOL_CALLS]", None, None, "[ARGS]", None, str.strip,
+                        call_id="[CALL_ID]")
+
+
+class Aliases:
+    """Rewrites other spellings of a family's markers to the markers, as text streams in
+    (holding back only what may still become one)."""
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...]):
+        self._to = dict(pairs)
+        self._marks = Markers(*self._to)
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        if self._held:
+            text, self._held = self._held + text, ""
+        elif self._marks.absent(text):
+            return text
+        out: list[str] = []
+        at = 0
+        pos, alias = self._marks.find(text)
+        while alias is not None:
+            out.append(text[at:pos] + self._to[alias])
+            at = pos + len(alias)
+            pos, alias = self._marks.find(text, at)
+        held = self._marks.held(text[at:])
+        if held:
+            self._held = text[len(text) - held:]
+            text = text[:len(text) - held]
+        out.append(text[at:])
+        return "".join(out)
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
 
 
 NAME = re.compile(r"[\w.:\-]*")        # a header: a name (Kimi: functions.NAME:0)
+CALL_ID = re.compile(r"[\w\-]*\s*")     # Mistral's call id, and blanks after it
 
 
 class SectionParser(ToolParser):
@@ -64,7 +121,7 @@ class SectionParser(ToolParser):
         super().__init__(tools)
         self.fmt = fmt
         self.MARKUP = tuple(m for m in (fmt.section_open, fmt.section_close, fmt.call_open,
-                                        fmt.header_end, fmt.call_close) if m)
+                                        fmt.header_end, fmt.call_close, fmt.call_id) if m)
         self._openers = tuple(m for m in (fmt.section_open, fmt.call_open) if m)
         self._text_marks = self._guard = Markers(*self.MARKUP)
         self._state = "text"
@@ -74,6 +131,28 @@ class SectionParser(ToolParser):
         self._object: list[str] = []  # a list item's text until it names its tool
         self._args: JsonValue | None = None
         self._fresh = False           # just after the section opener
+        self._glued = False           # a header right after a call, its opener left out
+        self._just_called = False      # "section" right after a call's end
+        self._name = ""               # the name, while a call id is read
+        self._aliases = Aliases(fmt.aliases) if fmt.aliases else None
+
+    def feed(self, text: str) -> list:
+        aliases = self._aliases
+        if aliases is not None:
+            text = aliases.feed(text)
+            if not text:
+                return []
+        return super().feed(text)
+
+    def flush(self) -> list:
+        aliases = self._aliases
+        if aliases is not None:
+            held = aliases.flush()
+            if held and cut_markup(held):        # a spelling of a marker, cut short
+                self.stray(held, "content (a marker cut short at the end)")
+            elif held:
+                self._out += super().feed(held)
+        return super().flush()
 
     def _step(self, buf: str) -> int | None:
         return getattr(self, "_s_" + self._state)(buf)
@@ -101,6 +180,11 @@ class SectionParser(ToolParser):
                 self.stray(fmt.section_open)
             self._new_header("section" if fmt.call_open else "header")
             return len(fmt.section_open)
+        after_call, self._just_called = self._just_called, False
+        if after_call and not fresh and NAME.match(buf).end():  # type: ignore[union-attr]
+            self._new_header("header", self.take_blanks())  # a call glued to the last, or prose
+            self._glued = True
+            return 0
         if fmt.call_open is None:              # Mistral: each call repeats [TOOL_CALLS]
             self._fresh = False
             if fresh:
@@ -161,10 +245,14 @@ class SectionParser(ToolParser):
                 self._new_header("deepseek_name")
                 return used
             return self._named(fmt.name_of(header), used)
-        if lead[0] == "{":                              # the header's end left out
+        if fmt.call_id and lead.startswith(fmt.call_id):    # Mistral: the call's id next
+            self._name = fmt.name_of("".join(self._header))
+            self._new_header("call_id")
+            return n + blanks + len(fmt.call_id)
+        if lead[0] == "{" and not self._glued:          # the header's end left out
             self.stray(f"{fmt.header_end} left out", "tool call")
             return self._named(fmt.name_of("".join(self._header)), n + blanks)
-        if fmt.header_end.startswith(lead):
+        if fmt.header_end.startswith(lead) or (fmt.call_id and fmt.call_id.startswith(lead)):
             if blanks:
                 self._header.append(rest[:blanks])
             return (n + blanks) or None
@@ -174,15 +262,36 @@ class SectionParser(ToolParser):
         return self._mention(rest[:blanks], n + blanks)
 
     def _mention(self, extra: str, used: int) -> int:
-        """A marker followed by prose: the marker goes, the prose is content."""
-        self.stray(self.fmt.call_open or self.fmt.section_open)
+        """A marker followed by prose: the marker goes, the prose is content (after a call,
+        with no marker: the prose)."""
+        if not self._glued:
+            self.stray(self.fmt.call_open or self.fmt.section_open)
         self.text("".join(self._header) + extra)
         self._new_header("text")
         return used
 
     def _new_header(self, state: str = "header", lead: str = "") -> None:
         self._header, self._state = ([lead] if lead else []), state
-        self._named_some = self._after_name = False
+        self._named_some = self._after_name = self._glued = False
+
+    def _s_call_id(self, buf: str) -> int | None:
+        """Mistral's ``[CALL_ID]``: the id (letters and digits), then ``[ARGS]`` (or, left
+        out, the arguments' ``{``). The id is the model's; the call gets Podium's."""
+        n = CALL_ID.match(buf).end()                 # type: ignore[union-attr]
+        self._header.append(buf[:n])
+        if sum(map(len, self._header)) > 100:
+            return self._mention("", n)
+        if n == len(buf):
+            return n or None
+        rest = buf[n:]
+        end = self.fmt.header_end
+        if rest.startswith(end):
+            return self._named(self._name, n + len(end))
+        if end.startswith(rest):
+            return n or None
+        if rest[0] != "{":
+            self.stray(f"{end} left out", "tool call")
+        return self._named(self._name, n)
 
     def _s_deepseek_name(self, buf: str) -> int | None:
         newline = buf.find("\n")
@@ -229,9 +338,7 @@ class SectionParser(ToolParser):
         limit = pos if marker is not None else len(buf) - self._text_marks.held(buf)
         end = -1
         if limit:
-            end = args.feed(buf[:limit])
-            self.call_args(args.last)
-            args._parts.clear()
+            end = self.value_args(args, buf[:limit])
         if end >= 0 or marker is not None:
             if end < 0:
                 self.stray(f"{marker} inside the arguments", "tool call")
@@ -239,6 +346,10 @@ class SectionParser(ToolParser):
             self._state = "call_end"
             return end if end >= 0 else limit
         return limit or None
+
+    def end_call(self) -> None:
+        super().end_call()
+        self._just_called = True
 
     def _s_call_end(self, buf: str) -> int | None:
         """Skip a closing fence, a stray quote or brace, and the call's end marker (once
@@ -257,7 +368,7 @@ class SectionParser(ToolParser):
         stray = self.skip_stray(buf)
         if stray:
             return stray
-        self._state = "section"
+        self._state, self._just_called = "section", True
         return 0
 
     def _s_list(self, buf: str) -> int | None:
@@ -313,8 +424,12 @@ class SectionParser(ToolParser):
             name = self.fmt.name_of(header) if header and NAME.fullmatch(header) else ""
             if name and self.tools.allows(name):
                 self.begin_call(name)
+            elif self._glued:                   # prose after a call, no marker before it
+                self.text("".join(self._header) + rest)
             elif header:
                 self.drop_call(header, "unfinished at the end of the output")
+        elif self._state == "call_id" and self.tools.allows(self._name):    # cut in the id
+            self.begin_call(self._name)
         self._header, self._object = [], []
 
 

@@ -32,8 +32,8 @@ import json
 import re
 from typing import Any
 
-from podium.parsing.scan import Markers
-from podium.parsing.tools.base import STRAY, ToolParser, ToolSet
+from podium.parsing.scan import Markers, json_text
+from podium.parsing.tools.base import STRAY, ToolParser, ToolSet, double_decoded
 
 _WS = " \t\r\n"
 NAME = re.compile(r"[\w.:\-]+")     # a function name (GLM-4.5 writes it bare)
@@ -52,7 +52,7 @@ def typed(value: str, kind: Any) -> Any:
     if kind == "boolean" and text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:
-        return json.loads(text)
+        return double_decoded(json.loads(text), kind)
     except ValueError:
         return value
 
@@ -294,7 +294,7 @@ class Qwen3CoderParser(ToolParser):
         value = "".join(self._kept) + tail
         self._kept = []
         kind = self.tools.param_type(self._open_name, self._param)
-        self.call_args(json.dumps(typed(value, kind), ensure_ascii=False))
+        self.call_args(json_text(typed(value, kind)))
 
     def _close_call(self) -> None:
         if self._call is not None:
@@ -468,8 +468,7 @@ class Glm45Parser(ToolParser):
         kind = self.tools.param_type(self._open_name, self._key)
         prefix = "{" if self._n_args == 0 else ", "
         self._n_args += 1
-        self.call_args(f"{prefix}{json.dumps(self._key, ensure_ascii=False)}: "
-                       f"{json.dumps(typed(text, kind), ensure_ascii=False)}")
+        self.call_args(f"{prefix}{json_text(self._key)}: {json_text(typed(text, kind))}")
 
     def _close_call(self) -> None:
         if self._call is not None:
