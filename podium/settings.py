@@ -108,7 +108,25 @@ class Settings:
         30.0, "Seconds an MCP server gets to connect and list its tools, and for each call.")
     mcp_max_output: int = _opt(
         32768, "Characters of an MCP tool's output kept for the model; the rest is cut, the "
-        "cut marked (0: no limit).")
+        "cut marked (0: no limit). A first cheap bound: --mcp-max-output-tokens follows.")
+    mcp_max_output_tokens: int = _opt(
+        4096, "Tokens of an MCP tool's output kept for the model (and never more than a "
+        "quarter of the context); the rest is cut, the cut marked (0: no limit).")
+    mcp_max_servers: int = _opt(
+        8, "mcp tools (MCP servers) one Responses request may name; past it 400 naming the "
+        "tool.")
+    mcp_max_sessions: int = _opt(
+        64, "MCP sessions open at once in this process, all requests together; a listing or "
+        "call waits up to --mcp-timeout for a free one, then fails.")
+    mcp_max_bytes: int = _opt(
+        1024 * 1024, "Bytes of one MCP HTTP response body or SSE message, counted as they "
+        "arrive (before anything is parsed); past it the listing or call fails.")
+    mcp_max_tools: int = _opt(
+        128, "Tools one MCP server's listing may offer (after allowed_tools); past it the "
+        "listing fails.")
+    mcp_max_pages: int = _opt(
+        8, "Pages (next_cursor) of one MCP server's tool listing followed; past it the "
+        "listing fails.")
     secret_key: str | None = _opt(
         None, "Key that seals reasoning handed to clients (encrypted_content, thinking "
         "signatures: encrypted and bound to the API key); default: one made once in the data "
@@ -161,6 +179,11 @@ class Settings:
             _alias(entry)
         if not self.mcp_timeout > 0:
             raise ValueError(f"--mcp-timeout must be more than 0, not {self.mcp_timeout}")
+        for name in ("mcp_max_servers", "mcp_max_sessions", "mcp_max_bytes", "mcp_max_tools",
+                     "mcp_max_pages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not "
+                                 f"{getattr(self, name)}")
         if self.stream_keepalive_seconds < 0:
             raise ValueError(f"--stream-keepalive-seconds must be 0 (none) or more, not "
                              f"{self.stream_keepalive_seconds}")

@@ -68,6 +68,7 @@ class ResponsesService:
         self._store = store
         self._settings = settings
         self._sealer = sealer
+        self._mcp_limits = mcp.Limits.from_settings(settings, engine.info.context_length)
         self._running: dict[str, asyncio.Task] = {}     # background responses on this replica
         self._replica = secrets.token_hex(8)            # this process, as a lease holder
         self._leased: set[str] = set()                  # stored responses running here
@@ -161,14 +162,15 @@ class ResponsesService:
         items = normalize_input(req.input, self._sealer, owner, taken=(
             item["id"] for item in history if source == "conversation"))
         tools = ToolMap(req.tools, strict=self._settings.strict_tools)
-        servers = mcp.servers(req.tools, self._settings.mcp_allow)
-        sessions = (mcp.Sessions(servers, self._settings.mcp_timeout,
-                                 self._settings.mcp_max_output) if servers else None)
+        servers = mcp.servers(req.tools, self._settings.mcp_allow,
+                              self._settings.mcp_max_servers)
+        sessions = (mcp.Sessions(servers, self._mcp_limits, self._engine.tokenizer)
+                    if servers else None)
         try:
             listings, approved = [], []
             if sessions is not None:
                 listings = await self._mcp_tools(servers, sessions, history + items, tools)
-                approved = _approved(sessions, history, items)
+                approved = _approved(sessions, tools, history, items)
             elif any(item["type"] == "mcp_approval_response" and item["approve"]
                      for item in items):
                 raise InvalidRequestError(
@@ -223,8 +225,12 @@ class ResponsesService:
         listings = list(await asyncio.gather(*(listing(s) for s in fresh)))
         by_label = {item["server_label"]: item for item in listings}
         for server in servers:
-            item = known.get(server.label) or by_label[server.label]
-            for tool in item["tools"]:
+            if server.label in known:       # checked again: a conversation's item is data
+                offered = await off_loop(mcp.usable, known[server.label]["tools"],
+                                         server.label, sized_by_body=False)
+            else:
+                offered = by_label[server.label]["tools"]
+            for tool in offered:
                 if server.allows(tool):
                     read_only = bool((tool.get("annotations") or {}).get("readOnlyHint"))
                     tools.add_mcp(server.label, tool,
@@ -258,7 +264,9 @@ class ResponsesService:
         items: list[dict[str, Any]] = []
         for i, record in enumerate(chain):
             # a row stored before chains were linked holds its whole conversation itself
-            items += record.history if i == 0 and record.history else record.input_items
+            items += record.history if i == 0 and record.history else [
+                item for item in record.input_items     # a client cannot make a request
+                if item["type"] != "mcp_approval_request"]
             items += as_input(record.body.get("output") or [])
         return items
 
@@ -527,9 +535,11 @@ def _conversation_id(value: Any) -> str:
     return value
 
 
-def _approved(sessions: mcp.Sessions, history: list[dict[str, Any]],
+def _approved(sessions: mcp.Sessions, tools: ToolMap, history: list[dict[str, Any]],
               items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The MCP calls this request's input approves, ready to run (``mcp_call`` items)."""
+    """The MCP calls this request's input approves, ready to run (``mcp_call`` items): each
+    one Podium asked for (the history holds only its own ``mcp_approval_request`` items: a
+    client's are refused as input) of a tool this request offers (listed, allowed)."""
     requests = {item["id"]: item for item in history if item["type"] == "mcp_approval_request"}
     calls = []
     for i, item in enumerate(items):
@@ -544,6 +554,12 @@ def _approved(sessions: mcp.Sessions, history: list[dict[str, Any]],
             raise InvalidRequestError(
                 f"The approved call is to MCP server {request['server_label']!r}: give its "
                 f"mcp tool in tools", param="tools")
+        offered = tools.by_model_name.get(request["name"])
+        if offered is None or offered.kind != "mcp" or offered.server != request["server_label"]:
+            raise InvalidRequestError(
+                f"The approved call is to {request['name']!r}, which MCP server "
+                f"{request['server_label']!r} does not offer in this request (not listed, or "
+                f"not in its allowed_tools)", param=f"input[{i}]")
         calls.append({"id": new_item_id("mcp"), "type": "mcp_call",
                       "server_label": request["server_label"], "name": request["name"],
                       "arguments": request["arguments"], "status": "in_progress",
