@@ -83,7 +83,8 @@ def _serve(settings: Settings, runner: asyncio.Runner) -> None:
                                 n_ctx=settings.ctx_size, n_batch=settings.batch_size,
                                 n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
                                 max_queued=settings.max_queued_requests,
-                                deterministic=settings.deterministic)
+                                deterministic=settings.deterministic,
+                                grammar_ms_per_token=settings.grammar_ms_per_token)
     log = logging.getLogger("podium")
     log.info("serving %s as %r (context %d tokens)", path, engine.info.served_name,
              engine.info.context_length)

@@ -146,6 +146,11 @@ class Settings:
         True, "Same request and seed, same tokens, however many others share the batch "
         "(--no-deterministic: faster batches with repacked weights, but a request crowded by "
         "3 or more others may differ from its lone answer).")
+    grammar_ms_per_token: float = _opt(
+        10.0, "llama.cpp engine: CPU milliseconds a constrained request's grammar may spend "
+        "per token, on average (a burst of 8 tokens' worth at once); past it the request ends "
+        "with a 400 grammar_too_costly error instead of slowing every other stream (0: no "
+        "limit).")
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")
     batch_size: int = _opt(128, "Tokens per prompt-processing chunk; prefix reuse keeps whole "
                            "chunks, and a long prompt holds running streams one chunk at a time.")

@@ -28,7 +28,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
@@ -236,7 +236,7 @@ def integer_bounds(schema: Mapping[str, Any]) -> tuple[int, int]:
     return low, high
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

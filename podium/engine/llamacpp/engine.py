@@ -126,7 +126,7 @@ class LlamaCppEngine:
 
     def __init__(self, path: Path, *, served_name: str, n_ctx: int = 8192, n_batch: int = 128,
                  n_threads: int = 0, max_num_seqs: int = 4, max_queued: int = 256,
-                 deterministic: bool = True):
+                 deterministic: bool = True, grammar_ms_per_token: float = 10.0):
         self._slots = [_Slot(i) for i in range(max(1, max_num_seqs))]
         self._model = LlamaModel(path, n_ctx=n_ctx, n_batch=n_batch,
                                  n_threads=n_threads or os.cpu_count() or 1,
@@ -140,6 +140,7 @@ class LlamaCppEngine:
         self._n_vocab = self.tokenizer.vocab_size
         self._rows = INVARIANT_ROWS if deterministic else n_batch
         self._max_queued = max_queued
+        self._grammar_ms = grammar_ms_per_token
         self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
         self._mem = llama_cpp.llama_get_memory(self._model.ctx)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -271,7 +272,8 @@ class LlamaCppEngine:
             keep = 0
         slot.cached = slot.cached[:keep]
         slot.cached_tokens, slot.chunk = keep, step
-        slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab)
+        slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab,
+                               grammar_budget=self._grammar_ms / 1000)
         slot.job, slot.generated = job, 0
         slot.pending = list(prompt[keep:-1])
         slot.next_token = prompt[-1]
@@ -340,6 +342,10 @@ class LlamaCppEngine:
                 self._release(slot, keep=False)
                 job.emit(exc)
                 continue
+            if sampler.over_budget:     # ended before it slows the batch again
+                self._release(slot)
+                job.emit(self._grammar_refusal(sampler, params))
+                continue
             slot.generated += 1
             self.stats["generated_tokens"] += 1
             finish: FinishReason | None = None
@@ -355,6 +361,16 @@ class LlamaCppEngine:
             else:
                 slot.next_token = token
             job.emit(out)
+
+    def _grammar_refusal(self, sampler: Sampler, params) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"The output constraint costs too much to apply: its grammar took "
+            f"{sampler.grammar_seconds * 1000:.0f} ms of sampling for one token, past this "
+            f"server's budget of {self._grammar_ms:g} ms a token (--grammar-ms-per-token), "
+            f"and every other stream waits for it. Use a schema with fewer alternatives "
+            f"open at once (a shorter enum, or values that differ from their first "
+            f"characters)", param=getattr(params.grammar, "param", None),
+            code="grammar_too_costly")
 
     def _decode(self, rows: list[tuple[_Slot, int, bool]]) -> None:
         """One ``llama_decode`` of (slot, token, wants logits) rows at each slot's next

@@ -1,15 +1,30 @@
 """Per-request sampling on llama.cpp's native sampler chain, and logprobs from real logits.
 
-The chain follows llama.cpp's own order: grammar (when the output is constrained), logit
-bias, penalties, top-k, top-p, min-p, temperature, then a seeded draw (or greedy at
-temperature 0). Penalties see only generated
+The chain follows llama.cpp's own order: logit bias, penalties, top-k, top-p, min-p,
+temperature, then a seeded draw (or greedy at temperature 0). Penalties see only generated
 tokens, as OpenAI's presence and frequency penalties do.
+
+A grammar (when the output is constrained) is asked lazily, as llama.cpp's own
+``common_sampler_sample`` does: the chain draws first, the grammar judges that one token,
+and only when it refuses is the whole vocabulary masked and the draw made again. Masking
+costs every grammar stack times every token of the vocabulary (a plain JSON object about
+10-50 ms a step on the default model's 151,936 tokens, an enum of 1,000 values sharing a
+prefix 0.4-0.5 s), and the worker thread samples every sequence in turn, so that cost was
+paid by every stream in the batch. Judging one token costs microseconds. The result is the
+masked distribution (greedy picks the same token; a draw kept when allowed and redrawn
+under the mask otherwise lands on each allowed token with its masked probability), except
+that top-k / top-p / min-p cut before the mask when the first draw is kept.
+
+What the grammar still costs (CPU time of this thread) is counted per token against a
+budget (``--grammar-ms-per-token``), so a grammar that must mask at every step, or whose
+stacks make even one token costly, is ended instead of slowing everyone else.
 """
 
 from __future__ import annotations
 
 import ctypes
 import random
+import time
 
 import llama_cpp
 import numpy as np
@@ -19,27 +34,126 @@ from podium.errors import InvalidRequestError
 from podium.parsing.constraints import GrammarError, checked
 
 
-class Sampler:
-    """A llama.cpp sampler chain for one request; ``close()`` frees it."""
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])   # llama_token_data
+MASK_FIRST = 1024           # tokens a refused draw masks first: a full mask of the
+#                             151,936 costs 150 times as much
+GRAMMAR_BURST_TOKENS = 8    # a budget of this many tokens may be spent in one step (the
+#                             first steps of a JSON object mask the vocabulary: 20-50 ms)
 
-    def __init__(self, params: SamplingParams, n_vocab: int, vocab=None):
-        grammar = _grammar_stage(vocab, params.grammar) if params.grammar is not None else None
+
+class Sampler:
+    """A llama.cpp sampler chain for one request; ``close()`` frees it.
+
+    ``grammar_budget`` is the grammar's CPU time allowed per token, in seconds, on average
+    (with a burst of ``GRAMMAR_BURST_TOKENS`` tokens' worth); 0 is no limit.
+    """
+
+    def __init__(self, params: SamplingParams, n_vocab: int, vocab=None,
+                 grammar_budget: float = 0.0):
+        self._grammar = (_grammar_stage(vocab, params.grammar) if params.grammar is not None
+                         else None)
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params())
         self.seed = params.seed if params.seed is not None else random.getrandbits(32)
-        if grammar is not None:
-            llama_cpp.llama_sampler_chain_add(self._chain, grammar)
         for stage in _stages(params, n_vocab, self.seed):
             llama_cpp.llama_sampler_chain_add(self._chain, stage)
+        self._budget = grammar_budget
+        self.credit = grammar_budget * GRAMMAR_BURST_TOKENS     # seconds left to spend
+        self.grammar_seconds = 0.0      # what the grammar cost at the last token
+        if self._grammar is not None:
+            self._cells = np.zeros(n_vocab, _TOKEN_DATA)
+            self._ids = np.arange(n_vocab, dtype=np.int32)
+            self._all = _token_array(self._cells)
+            self._data = self._all.data
+            self._one = np.zeros(1, _TOKEN_DATA)
+            self._single = _token_array(self._one)
+            self._n_vocab = n_vocab
+
+    @property
+    def over_budget(self) -> bool:
+        return self._budget > 0 and self.credit < 0
 
     def sample(self, ctx, index: int = -1) -> int:
         """Draw the next token from output ``index`` of the last decode (and remember it)."""
-        return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
+        if self._grammar is None:
+            return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
+        return self._constrained(ctx, index)
+
+    def _constrained(self, ctx, index: int) -> int:
+        token, _ = self._draw(ctx, index, masked=False)
+        start = time.thread_time()
+        allowed = self._allows(token)
+        spent = time.thread_time() - start
+        if not allowed:
+            token, masking = self._draw(ctx, index, masked=True)
+            spent += masking
+        start = time.thread_time()
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        spent += time.thread_time() - start
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        self.grammar_seconds = spent
+        burst = self._budget * GRAMMAR_BURST_TOKENS
+        self.credit = min(self.credit + self._budget, burst) - spent
+        return token
+
+    def _draw(self, ctx, index: int, masked: bool) -> tuple[int, float]:
+        """A token drawn by the chain from the logits, and the CPU seconds a mask took.
+
+        ``masked``: the grammar masks the ``MASK_FIRST`` likeliest tokens first, and the
+        chain draws among them when the grammar allows any; the rest of the vocabulary is
+        masked only when it allows none. The best allowed token is always among those masked
+        (so greedy is exact), and a draw loses only allowed tokens less likely than every
+        token the grammar looked at.
+        """
+        array = self._all
+        logits = logits_row(ctx, index, self._n_vocab)
+        masking = 0.0
+        if masked:
+            first = min(MASK_FIRST, self._n_vocab)
+            top = np.argpartition(-logits, first - 1)[:first]
+            rest = np.ones(self._n_vocab, dtype=bool)
+            rest[top] = False
+            for ids in (top, np.flatnonzero(rest)) if first < self._n_vocab else (top,):
+                start = time.thread_time()
+                self._fill(ids.astype(np.int32), logits[ids])
+                llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+                masking += time.thread_time() - start
+                if np.isfinite(self._cells["logit"][:len(ids)]).any():
+                    break
+        else:
+            self._fill(self._ids, logits)
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        # stages sort and shrink the array in place: the pick is where ``selected`` says
+        return int(array.data[array.selected].id), masking
+
+    def _fill(self, ids: np.ndarray, logits: np.ndarray) -> None:
+        cells, array, n = self._cells, self._all, len(ids)
+        cells["id"][:n] = ids
+        cells["logit"][:n] = logits
+        cells["p"][:n] = 0.0
+        array.data = self._data
+        array.size, array.selected, array.sorted = n, -1, False
+
+    def _allows(self, token: int) -> bool:
+        one, array = self._one, self._single
+        one["id"], one["logit"], one["p"] = token, 0.0, 0.0
+        array.size, array.selected, array.sorted = 1, -1, False
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        return bool(np.isfinite(one["logit"][0]))
 
     def close(self) -> None:
         if self._chain:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+
+def _token_array(cells: np.ndarray) -> llama_cpp.llama_token_data_array:
+    return llama_cpp.llama_token_data_array(
+        cells.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), len(cells), -1,
+        False)
 
 
 def _grammar_stage(vocab, text: str):
