@@ -170,9 +170,14 @@ class ToolParser:
                 self._plain(held)
         if self._call is not None:
             self.end_call()
-        if self._ws and not self.calls:
-            self._out.append(TextDelta("".join(self._ws)))
-        self._ws = []
+        held = "".join(self._ws)
+        if self._tidy == "fence":           # a fence, then the end: it closed a code block
+            held = held.rstrip() if self.calls else held
+        elif self.calls:                    # blanks after the last call
+            held = ""
+        if held:
+            self._out.append(TextDelta(held))
+        self._ws, self._tidy = [], ""
         out, self._out = self._out, []
         return out
 
@@ -227,7 +232,7 @@ class ToolParser:
         """A call that cannot be kept: nothing of it (markup or text) reaches the answer."""
         log.warning("dropped a tool call%s: %s", f" to {name!r}" if name else "", why)
         self._held_before_call()
-        self._tidy = "after"
+        self.called()
 
     def skip_stray(self, buf: str) -> int:
         """How many of the characters that start ``buf`` are a stray quote, brace or bracket
@@ -281,11 +286,16 @@ class ToolParser:
 
     def _tidy_plain(self, text: str) -> None:
         """``_plain`` right after a call (leftovers dropped), or with a code fence at the end
-        of the content (held like trailing blanks: a call right after it drops it)."""
+        of the content: held like trailing blanks (a call right after it drops it), and
+        looked at again with what follows (a fence's language comes in pieces)."""
         if self._tidy == "after":
             text = self._after_call(text)
-            if not text:
+            if self._tidy == "after":       # blanks alone so far: the next text decides
+                if text:
+                    self._ws.append(text)
                 return
+        elif self._tidy == "fence":
+            text, self._ws = "".join(self._ws) + text, []
         self._tidy = ""
         body = text.rstrip()
         if not body:
@@ -295,27 +305,14 @@ class ToolParser:
         fence = _FENCE_TAIL.search(body) if "`" in body else None
         if fence is not None:
             body, held = body[:fence.start()], body[fence.start():] + held
-            self._tidy = "fence"            # what follows decides: look at it here again
+            lead = body.rstrip()            # blanks before the fence go with it
+            body, held = lead, body[len(lead):] + held
+            self._tidy = "fence"
         if body:
             self._out.append(TextDelta("".join(self._ws) + body if self._ws else body))
             self._ws = []
         if held:
             self._ws.append(held)
-        if self._tidy == "fence":           # join the held fence with what follows
-            self._ws = ["".join(self._ws)]
-            self._tidy_fence()
-
-    def _tidy_fence(self) -> None:
-        """The held text (one piece) ends in a fence: the next content is looked at with
-        it (a fence's language comes in pieces)."""
-        held = self._ws[0]
-        body = held.rstrip()
-        fence = _FENCE_TAIL.search(body)
-        if fence is None:
-            self._tidy = ""
-            return
-        if fence.start():                   # blanks before the fence stay blanks
-            self._ws = [held[:fence.start()], held[fence.start():]]
 
     def _after_call(self, text: str) -> str:
         """Content right after a call, with what a model leaves there as text dropped (an
@@ -337,16 +334,21 @@ class ToolParser:
                 text, i = text[:j] + rest[len(token):], j
                 continue
             if rest.startswith(FENCE):
-                newline = rest.find("\n")
-                line = rest[3:] if newline < 0 else rest[3:newline]
-                if line.strip(_WS + "`"):           # a code block opens: content
-                    break
-                if newline < 0:
-                    self._tidy_held = rest
+                after = rest[3:]
+                newline = after.find("\n")
+                line = after if newline < 0 else after[:newline]
+                if newline >= 0 and not line.strip(_WS):      # a bare fence line
+                    self.stray(FENCE, "content after a tool call")
+                    text, i = text[:j] + after[newline + 1:], j
+                    continue
+                if any(after.startswith(t) for t in LEFTOVERS):     # ```<|im_end|>
+                    self.stray(FENCE, "content after a tool call")
+                    text, i = text[:j] + after, j
+                    continue
+                if not line.strip(_WS + "`") or any(t.startswith(after) for t in LEFTOVERS):
+                    self._tidy_held = rest          # what follows decides
                     return text[:j]
-                self.stray(FENCE, "content after a tool call")
-                text, i = text[:j] + rest[newline + 1:], j
-                continue
+                break                               # a code block opens: content
             if any(t.startswith(rest) for t in (*LEFTOVERS, FENCE)):
                 self._tidy_held = rest
                 return text[:j]
@@ -368,6 +370,11 @@ class ToolParser:
         if held:
             self._guard_tail, text = text[len(text) - held:], text[:len(text) - held]
         return text
+
+    def called(self) -> None:
+        """A call just ended (here, or in the parser that handed the text over): what
+        follows is looked at for leftovers first (see ``_after_call``)."""
+        self._tidy = "after"
 
     def _held_before_call(self) -> None:
         """A call begins (or one was dropped): what content held back before it goes (blanks,
@@ -422,7 +429,7 @@ class ToolParser:
         call, self._call = self._call, None
         if call is None:
             return
-        self._tidy = "after"
+        self.called()
         held, call.hold = call.hold, ""          # a cut escape, a comma: never completed
         fix = call.json.completion() if call.parts else "{}"
         if (fix or held.strip(_WS)) and call.parts and not call.warned:

@@ -252,6 +252,7 @@ class WithJsonFallback:
         self._settle()
         rest, fallback._buf = fallback.handed_text + fallback._buf, ""
         primary.calls = fallback.calls        # call indices go on from the fallback's
+        primary.called()
         return primary.feed(rest) if rest else []
 
     def _replay(self) -> list[Event]:

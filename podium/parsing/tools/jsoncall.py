@@ -2,7 +2,8 @@
 
 Used by every family whose calls are JSON objects (Hermes / Qwen, Llama 3, Mistral's list
 form, the bare-JSON fallback). The arguments value streams out as the model writes it; the
-name must be complete (and declared) before the call begins.
+name must be complete (and declared) before the call begins. A key or a value written in
+single quotes (the object as a Python dict) is read as Python's string.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class JsonCall:
         self.done = False
         self.had_args = False
         self.stopped_at = 0            # where the last feed stopped (the failing character)
+        self._quoted: list[str] = []   # a single-quoted key or value so far
+        self._quoted_escape = False
+        self._quoted_next = ""         # the state after it
 
     def feed(self, chunk: str) -> int:
         """Consume ``chunk``; the index just past the object's end, or -1."""
@@ -89,11 +93,49 @@ class JsonCall:
             return i + 1
         if c == ",":
             return i + 1
+        if c == "'":
+            return self._start_quoted(i, "colon")
         if c != '"':
             self.failed = True
             return i
         self._value, self._state = JsonValue(), "key_text"
         return i
+
+    def _start_quoted(self, i: int, after: str) -> int:
+        self._quoted, self._quoted_escape, self._quoted_next = [], False, after
+        self._state = "quoted"
+        return i + 1
+
+    def _s_quoted(self, chunk: str, i: int) -> int:
+        """A single-quoted string (a Python dict's key or value), up to its quote."""
+        n = len(chunk)
+        j = i
+        while j < n:
+            c = chunk[j]
+            if self._quoted_escape:
+                self._quoted_escape = False
+            elif c == "\\":
+                self._quoted_escape = True
+            elif c == "'":
+                break
+            j += 1
+        self._quoted.append(chunk[i:j])
+        if j == n:
+            return n
+        try:
+            value = ast.literal_eval("'" + "".join(self._quoted) + "'")
+        except (ValueError, SyntaxError):
+            self.failed = True
+            return j
+        self._quoted = []
+        if self._quoted_next == "colon":
+            self._key, self._state = value, "colon"
+        else:
+            self._value = JsonValue()
+            self._value.feed(json_text(value))
+            self._value_done()
+            self._state = "after"
+        return j + 1
 
     def _s_key_text(self, chunk: str, i: int) -> int:
         end = self._value.feed(chunk[i:])
@@ -129,6 +171,8 @@ class JsonCall:
                 else:
                     self._prefix, self._on_valid = JsonPrefix(), None
                 self._state = "args_object"
+            elif chunk[i] == "'":
+                return self._start_quoted(i, "after")
             else:
                 self._value, self._state = JsonValue(), "value"
         return i
