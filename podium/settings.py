@@ -119,8 +119,9 @@ class Settings:
         64, "MCP sessions open at once in this process, all requests together; a listing or "
         "call waits up to --mcp-timeout for a free one, then fails.")
     mcp_max_bytes: int = _opt(
-        1024 * 1024, "Bytes of one MCP HTTP response body or SSE message, counted as they "
-        "arrive (before anything is parsed); past it the listing or call fails.")
+        256 * 1024, "Bytes of one MCP HTTP response body or SSE message, counted as they "
+        "arrive (before anything is parsed); past it the listing or call fails. The MCP SDK "
+        "parses what passes on the event loop (about 0.25 ms per KiB of small parts).")
     mcp_max_tools: int = _opt(
         128, "Tools one MCP server's listing may offer (after allowed_tools); past it the "
         "listing fails.")

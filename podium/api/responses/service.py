@@ -81,6 +81,8 @@ class ResponsesService:
 
     async def startup(self) -> None:
         await self._store.start(self._cancel_here)
+        if self._settings.mcp_allow:
+            await off_loop(mcp.warm, sized_by_body=False)
         await self._fail_abandoned()
         self._keeper = asyncio.create_task(self._keep_leases(), name="podium-leases")
         if self._settings.response_retention_days > 0:
