@@ -270,7 +270,17 @@ def main(argv: list[str]) -> int:
         print(f"podium parse: {message}", file=sys.stderr)
         return 1
     if "--json" in argv:
-        print(json.dumps(out.as_json(), ensure_ascii=False, indent=2))
+        _print(json.dumps(out.as_json(), ensure_ascii=False, indent=2))
     else:
-        print(report(out))
+        _print(report(out))
     return 0
+
+
+def _print(text: str) -> None:
+    """The report, whatever it holds: a lone surrogate (Harmony's arguments, a stdin read
+    with surrogate escapes) is written as its escape, not a UnicodeEncodeError."""
+    try:
+        print(text)
+    except UnicodeEncodeError:
+        encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+        print(text.encode(encoding, "backslashreplace").decode(encoding))

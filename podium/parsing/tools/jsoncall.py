@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import re
 from typing import Callable, ClassVar, Optional, Tuple
 
 from podium.parsing.scan import JsonPrefix, JsonValue, json_text
 
+log = logging.getLogger(__name__)
 ARGUMENT_KEYS = ("arguments", "parameters")
 _WS = " \t\r\n"
 _NOT_PLAIN = re.compile(r'[\\\x00-\x1f]')     # an escape, or a character JSON refuses raw
@@ -299,7 +301,9 @@ def string_arguments(text: str) -> str:
             literal = None
         if isinstance(literal, dict):
             try:
-                return json_text(literal)
+                text = json_text(literal)
+                log.warning("tool call arguments were a Python dict in a string; read as one")
+                return text
             except (TypeError, ValueError):      # sets, bytes: no JSON
                 pass
         return json.dumps(value)
