@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
+from podium.parsing.scan import json_text
 
 Obj = dict[str, Any]
 
@@ -141,4 +142,6 @@ def _input(arguments: str) -> Any:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
         return {}
+    if "\\u" in arguments:      # a lone surrogate escape decodes to a str orjson refuses (500)
+        value = json.loads(json_text(value))
     return value if isinstance(value, dict) else {"value": value}

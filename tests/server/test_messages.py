@@ -440,3 +440,33 @@ def test_a_prompt_too_long_is_said_the_way_claude_code_parses_it(serve):
     message = anthropic_error(http.post(URL, json=ask(messages=[
         {"role": "user", "content": "word " * 200}])), 400, "invalid_request_error")
     assert re.fullmatch(r"prompt is too long: \d+ tokens > 64 maximum", message), message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_in_a_calls_arguments_is_no_500(serve, stream):
+    """Issue 26: ``\\ud83c`` alone in a call's arguments decoded to a str orjson refuses
+    (the message was a 500, the stream died). The call's input holds U+FFFD instead."""
+    call = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \\ud83c"}}\n'
+            "</tool_call>")
+    sdk, http = serve([call])
+    if stream:
+        with sdk.messages.stream(**ask(tools=TOOLS)) as s:
+            message = s.get_final_message()
+    else:
+        message = sdk.messages.create(**ask(tools=TOOLS))
+    assert message.content[-1].type == "tool_use"
+    assert message.content[-1].input == {"city": "Paris \ufffd"}
+
+
+def test_a_lone_surrogate_from_any_parser_never_reaches_orjson():
+    """Whatever made the arguments (Harmony's parser too), the block's input encodes."""
+    import orjson
+
+    from podium.parsing.events import ToolCallBegin, ToolCallEnd
+    from podium.render.messages import MessageBuilder
+
+    builder = MessageBuilder("msg_1", SERVED, 3, seal=lambda text: "")
+    builder.event(ToolCallBegin(0, "toolu_1", "get_weather"))
+    builder.event(ToolCallEnd(0, '{"city": "\\ud83c!", "pair": "\\ud83c\\udf0d"}'))
+    assert builder.message["content"][0]["input"] == {"city": "\ufffd!", "pair": "🌍"}
+    orjson.dumps(builder.message)
