@@ -80,6 +80,7 @@ class Tool:
     parameters: dict[str, Any] | None       # None: the caller gave none (templates see none)
     description: str | None = None
     where: str = "tools"        # the caller's parameter for its schema
+    strict: bool = False        # every schema keyword must be enforced (else 400)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class ResponseFormat:
     name: str | None = None
     description: str | None = None
     where: str = "response_format"      # the caller's parameter for the schema
+    strict: bool = False                # every schema keyword must be enforced (else 400)
 
 
 @dataclass(slots=True)

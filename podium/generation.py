@@ -23,6 +23,7 @@ from podium.conversation import Conversation, Options
 from podium.dialect import Dialect
 from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
+from podium.parsing.constraints import check_strict
 from podium.parsing.events import Event
 from podium.settings import Settings
 
@@ -120,6 +121,12 @@ def check_options(options: Options) -> None:
     if named is not None and named not in names:
         raise InvalidRequestError(f"tool_choice names function {named!r}, which is not in "
                                   f"tools", param="tool_choice")
+    for tool in options.tools:
+        if tool.strict:
+            check_strict(tool.parameters, tool.where, f"Function {tool.name!r} parameters: ")
+    fmt = options.response_format
+    if fmt is not None and fmt.strict:
+        check_strict(fmt.schema, fmt.where)
 
 
 def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, options: Options,

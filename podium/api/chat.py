@@ -95,7 +95,7 @@ def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
                                       param="response_format.json_schema")
         response_format = ResponseFormat(
             fmt.type, spec.get("schema"), spec.get("name"), spec.get("description"),
-            where="response_format.json_schema.schema")
+            where="response_format.json_schema.schema", strict=spec.get("strict") is True)
     choice = req.tool_choice
     return Options(
         model=req.model,
@@ -106,7 +106,7 @@ def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
         stop=stop_strings(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         tools=[Tool(t.function.name, t.function.parameters, t.function.description,
-                    where=f"tools[{i}].function.parameters")
+                    where=f"tools[{i}].function.parameters", strict=t.function.strict is True)
                for i, t in enumerate(req.tools or ())],
         tool_choice=(choice.function.name if isinstance(choice, NamedToolChoice)
                      else choice or "auto"),

@@ -235,7 +235,7 @@ class MessagesService:
                             tool.name, tool.type)
                 continue
             tools.append(Tool(tool.name, tool.input_schema, tool.description,
-                              where=f"{where}.input_schema"))
+                              where=f"{where}.input_schema", strict=tool.strict is True))
         return tools
 
 

@@ -31,6 +31,7 @@ class ToolParam(BaseModel):
     type: str | None = None
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    strict: bool | None = None      # every schema keyword enforced, or a 400
 
 
 class ToolChoice(BaseModel):

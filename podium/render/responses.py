@@ -107,8 +107,10 @@ class ResponseBuilder:
 
     def finish(self, finish: Finish | None, usage: Obj | None, *, status: str | None = None,
                error: Obj | None = None) -> list[Obj]:
-        """Close what is open and end the response: the one terminal event."""
-        events = self._close()
+        """Close what is open and end the response: the one terminal event. A response cut
+        short (failed, cancelled) leaves its open item ``incomplete``."""
+        cut = status in ("failed", "cancelled")
+        events = self._close("incomplete" if cut else "completed")
         for index, item in self.calls:      # MCP calls never run: the response was cut short
             item["status"] = "incomplete"
             events.append({"type": "response.output_item.done", "output_index": index,
@@ -192,7 +194,7 @@ class ResponseBuilder:
         return [{"type": kind, "item_id": self._item["id"], "output_index": self._index(),
                  "delta": text, **extra}]
 
-    def _close(self) -> list[Obj]:
+    def _close(self, status: str = "completed") -> list[Obj]:
         item, self._item = self._item, None
         if item is None:
             return []
@@ -202,7 +204,8 @@ class ResponseBuilder:
             self.calls.append((index, item))
             return [{"type": "response.mcp_call_arguments.done", "item_id": item["id"],
                      "output_index": index, "arguments": item["arguments"]}]
-        return close_item(item, "".join(self._parts), self._lps, index, seal=self._seal)
+        return close_item(item, "".join(self._parts), self._lps, index, status=status,
+                          seal=self._seal)
 
     # -- MCP: listings, and the calls Podium runs ---------------------------------------
 

@@ -120,7 +120,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.responses = responses
     app.state.conversations = conversations
     app.state.metrics = metrics = Metrics(lambda: _gauges(engine, store))
-    app.state.drain = Drain()
+    app.state.drain = responses.drain = Drain()
     app.state.store = store
     errors.install(app)
     _routes(app)

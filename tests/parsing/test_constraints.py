@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import llama_cpp
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from podium.engine.llamacpp.model import LlamaModel
 from podium.engine.llamacpp.sampling import Sampler
 from podium.errors import InvalidRequestError
 from podium.parsing.constraints import (MAX_REPETITION, GrammarError, check_grammar,
-                                        schema_grammar, tool_call_grammar)
+                                        check_strict, schema_grammar, tool_call_grammar)
 
 PARAM = "response_format.json_schema.schema"
 
@@ -372,3 +373,185 @@ def test_a_ref_inside_a_const_is_a_400():
     with pytest.raises(InvalidRequestError) as info:
         schema_grammar({"const": {"$ref": ""}}, PARAM)
     assert info.value.param == PARAM
+
+
+# -- what one step of a grammar can cost ---------------------------------------------------------
+
+SIMILAR = [f"customer_account_reference_identifier_{i:04d}" for i in range(1000)]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "enum": SIMILAR},                  # the campaign's 47 KB enum
+    {"type": "string", "enum": SIMILAR[:257]},
+    {"anyOf": [{"const": v} for v in SIMILAR[:300]]},     # the same, spelled as a union
+    {"type": "object", "properties": {"ref": {"enum": SIMILAR[:400]}}},
+])
+def test_too_many_alternatives_open_at_once_are_refused(schema):
+    message = refusal(schema).message
+    assert "256" in message and ("enum" in message or "ways at once" in message)
+
+
+def test_the_widest_union_past_the_bound_names_its_function():
+    tools = {"ok": {"type": "object"},
+             "pick": {"type": "object", "properties": {"c": {"anyOf": [
+                 {"const": v} for v in SIMILAR[:300]]}}}}
+    with pytest.raises(InvalidRequestError) as info:
+        tool_call_grammar(tools, "json", True, {"ok": "tools[0]", "pick": "tools[1]"})
+    assert info.value.param == "tools[1]" and "ways at once" in info.value.message
+
+
+def test_typical_tool_schemas_stay_accepted(vocab):
+    weather = {"type": "object", "properties": {
+        "unit": {"type": "string", "enum": [f"unit_{i}" for i in range(40)]},
+        "country": {"type": "string", "enum": [f"C{i:03d}" for i in range(249)]},
+        "days": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 14},
+                 "minItems": 1, "maxItems": 7},
+        "filters": {"type": "array", "items": {"type": "string", "maxLength": 40},
+                    "minItems": 3}},
+        "required": ["unit", "days"]}
+    tools = {f"tool_{i}": weather for i in range(20)}
+    assert llama_accepts(vocab, tool_call_grammar(tools, "hermes", True))
+    assert llama_accepts(vocab, schema_grammar(weather, PARAM))
+
+
+# -- integer bounds, and keywords the grammar does not enforce ------------------------------------
+
+def number_in(schema):
+    return {"type": "object", "properties": {"n": schema}, "required": ["n"]}
+
+
+@pytest.mark.parametrize("schema, low, high", [
+    ({"type": "integer", "minimum": -20, "maximum": 150}, -20, 150),
+    ({"type": "integer", "exclusiveMinimum": -20, "exclusiveMaximum": 150}, -19, 149),
+    ({"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 9,
+      "exclusiveMaximum": True}, 1, 8),                               # draft 4's spelling
+    ({"type": "integer", "minimum": 2.5, "maximum": 99.5}, 3, 99),
+    ({"type": "integer", "minimum": 37}, 37, None),
+    ({"type": "integer", "maximum": -3}, None, -3),
+    ({"type": ["integer", "null"], "minimum": 1, "maximum": 12}, 1, 12),
+])
+def test_integer_bounds_are_enforced_by_llama_cpp(vocab, schema, low, high):
+    grammar = schema_grammar(number_in(schema), PARAM)
+    for n in [*range(-160, 161), 999, 1000, 12345, -12345]:
+        inside = (low is None or n >= low) and (high is None or n <= high)
+        assert matches(vocab, grammar, f'{{"n": {n}}}') == inside, n
+    assert not matches(vocab, grammar, '{"n": -0}') and not matches(vocab, grammar, '{"n": 05}')
+
+
+def test_integers_sampled_from_a_bounded_grammar_validate(vocab):
+    """Random walks through the grammar (a uniform pick among the tokens llama.cpp allows
+    at each step): every finished text validates against the schema."""
+    import random
+
+    import jsonschema
+    schema = number_in({"type": "integer", "minimum": -75, "exclusiveMaximum": 1200})
+    grammar = schema_grammar(schema, PARAM)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    rng = random.Random(7)
+    done = 0
+    for _ in range(30):
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        text = b""
+        try:
+            for _ in range(40):
+                allowed = allowed_tokens(sampler, n_vocab)
+                text_tokens = [t for t in allowed if not llama_cpp.llama_vocab_is_eog(vocab, t)]
+                if len(text_tokens) < len(allowed) and (not text_tokens or rng.random() < 0.3):
+                    break               # the end of the output is allowed: end here
+                token = rng.choice(text_tokens)
+                text += piece(vocab, token)
+                llama_cpp.llama_sampler_accept(sampler, token)
+            else:
+                continue
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+        jsonschema.validate(json.loads(text), schema)
+        done += 1
+    assert done >= 20
+
+
+def allowed_tokens(sampler, n_vocab):
+    cells = np.zeros(n_vocab, np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+    cells["id"] = np.arange(n_vocab)
+    data = llama_cpp.llama_token_data_array(
+        cells.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), n_vocab, -1, False)
+    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(data))
+    return cells["id"][np.isfinite(cells["logit"])].tolist()
+
+
+def piece(vocab, token) -> bytes:
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+    return buf.raw[:n]
+
+
+def test_a_type_list_keeps_the_other_keywords(vocab):
+    grammar = schema_grammar(number_in({"type": ["string", "null"], "maxLength": 3}), PARAM)
+    assert matches(vocab, grammar, '{"n": "abc"}') and matches(vocab, grammar, '{"n": null}')
+    assert not matches(vocab, grammar, '{"n": "abcd"}')
+
+
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "integer", "minimum": "0"}, "minimum must be a number"),
+    ({"type": "integer", "maximum": True}, "maximum must be a number"),
+    ({"type": "integer", "minimum": 5, "maximum": 4}, "no integer"),
+    ({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}, "no integer"),
+    ({"type": "integer", "minimum": 1e20}, "no integer"),
+])
+def test_bad_number_bounds_are_refused(schema, says):
+    assert says in refusal(number_in(schema)).message
+
+
+UNENFORCED = [
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, "propertyNames"),
+    ({"type": "object", "patternProperties": {"^x": {"type": "string"}}}, "patternProperties"),
+    ({"type": "number", "minimum": 0}, "minimum"),
+    ({"type": "number", "exclusiveMaximum": 1}, "exclusiveMaximum"),
+    ({"type": "integer", "multipleOf": 5}, "multipleOf"),
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "minItems": 2}, "minItems"),                 # no items: any array
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1},
+     "minProperties"),
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "oneOf"),
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "string"}}}]}, "allOf"),
+    ({"type": "string", "not": {"const": "x"}}, "not"),
+    ({"type": "string", "format": "email"}, "format"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength"),
+    ({"type": "string", "nullable": True}, "nullable"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]},
+     "required"),
+    ({"type": "object", "properties": {"deep": {"type": "number", "maximum": 9}}}, "maximum"),
+]
+ENFORCED = [
+    {"type": "object", "properties": {
+        "unit": {"type": "string", "enum": ["c", "f"], "description": "the unit"},
+        "n": {"type": "integer", "minimum": 1, "maximum": 10},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 9}, "maxItems": 3},
+        "when": {"type": "string", "format": "date"},
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "maybe": {"type": ["string", "null"], "minLength": 1},
+        "either": {"anyOf": [{"type": "boolean"}, {"$ref": "#/$defs/point"}]}},
+     "required": ["unit", "n"], "additionalProperties": False, "title": "args",
+     "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}}}}},
+]
+
+
+@pytest.mark.parametrize("schema, keyword", UNENFORCED)
+def test_strict_refuses_a_keyword_the_grammar_does_not_enforce(schema, keyword):
+    with pytest.raises(InvalidRequestError) as info:
+        check_strict(schema, PARAM)
+    assert info.value.param == PARAM
+    assert f"keyword {keyword!r} is not enforced" in info.value.message
+    with pytest.raises(InvalidRequestError):
+        schema_grammar(schema, PARAM, strict=True)
+
+
+@pytest.mark.parametrize("schema, keyword", UNENFORCED)
+def test_without_strict_such_keywords_are_accepted(vocab, schema, keyword):
+    assert llama_accepts(vocab, schema_grammar(schema, PARAM))
+
+
+@pytest.mark.parametrize("schema", ENFORCED)
+def test_strict_accepts_what_the_grammar_enforces(vocab, schema):
+    check_strict(schema, PARAM)
+    assert llama_accepts(vocab, schema_grammar(schema, PARAM, strict=True))

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import threading
 import time
 
@@ -106,3 +107,65 @@ def test_stop_from_another_thread(make_server):
     thread.join(5)
     assert not thread.is_alive() and time.monotonic() - started < 3
     assert not server._drain.started       # no signal, no drain: nothing was running
+
+
+def test_stored_responses_cut_at_shutdown_are_stored_as_their_clients_were_told(
+        make_server, quiet_sigterm, tmp_path):
+    """A stored response the grace period ends is told to its client as
+    ``server_shutting_down`` (the stream's last event; a 503 when not streamed): it is
+    stored so, ``failed`` with that error, its open message ``incomplete``, and its event
+    log ends with the same response."""
+    server, url = make_server()
+    body = {"model": SERVED, "input": "go", "store": True}
+    streamed: list[dict] = []
+    answered: dict = {}
+    first = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True},
+                          timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    streamed.append(json.loads(line[len("data: "):]))
+                    if streamed[-1]["type"] == "response.output_text.delta":
+                        first.set()
+
+    def wait() -> None:
+        r = httpx.post(f"{url}/v1/responses", json=body, timeout=30)
+        answered.update(status=r.status_code, body=r.json())
+
+    def client() -> None:
+        assert wait_for(lambda: server.started, 20)
+        threads = [threading.Thread(target=stream), threading.Thread(target=wait)]
+        for thread in threads:
+            thread.start()
+        assert first.wait(10)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for thread in threads:
+            thread.join(15)
+        if any(thread.is_alive() for thread in threads):
+            server.force_exit = server.should_exit = True
+
+    helper = threading.Thread(target=client)
+    helper.start()
+    server.run()
+    helper.join(20)
+
+    assert streamed[-1]["type"] == "error" and streamed[-1]["code"] == "server_shutting_down"
+    assert answered["status"] == 503
+    assert answered["body"]["error"]["code"] == "server_shutting_down"
+    with sqlite3.connect(tmp_path / "life.db") as db:
+        stored = {rid: json.loads(row)
+                  for rid, row in db.execute("SELECT id, body FROM podium_responses")}
+        logged = [json.loads(row) for (row,) in db.execute(
+            "SELECT body FROM podium_events WHERE response_id = ? ORDER BY seq",
+            (streamed[0]["response"]["id"],))]
+    assert len(stored) == 2
+    for response in stored.values():
+        assert response["status"] == "failed", response
+        assert response["error"]["code"] == "server_shutting_down"
+        assert [item["status"] for item in response["output"]] == ["incomplete"]
+        assert response["output"][0]["content"][0]["text"]     # what was made is kept
+    last = logged[-1]
+    assert last["type"] == "response.failed"
+    assert last["response"] == stored[streamed[0]["response"]["id"]]

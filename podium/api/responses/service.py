@@ -40,11 +40,13 @@ from podium.errors import (ContextLengthExceeded, InvalidRequestError, NotFoundE
                            StoreUnavailable)
 from podium.generation import Choice, Prepared, check_model, off_loop, prepare, start
 from podium.protocol.responses import ResponsesRequest
+from podium.server.sse import ServerShuttingDown
 from podium.settings import Settings
 from podium.store.base import NO_OWNER, TERMINAL, ResponseStore, StoredResponse
 
 if TYPE_CHECKING:
     from podium.api.conversations import ConversationsService
+    from podium.server.lifecycle import Drain
 
 log = logging.getLogger(__name__)
 APPEND_BEFORE = frozenset({"response.completed", "response.incomplete"})
@@ -76,6 +78,7 @@ class ResponsesService:
         self._logs = Logs(store)                        # responses being logged on it
         self._finalizers = Finalizers()                 # last writes of ended streams
         self._closing = False
+        self.drain: Drain | None = None                 # the app's (server.lifecycle)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -325,6 +328,14 @@ class ResponsesService:
                    functools.partial(self._sealer.seal, owner=plan.owner) if plan.seal else None,
                    keepalive)
 
+    def _cut(self, exc: BaseException) -> BaseException:
+        """Why a run was cut short, as its client was told: once the shutdown's grace period
+        is over, ``server_shutting_down`` (the stream's last event, or a 503), not a cancel."""
+        if (self.drain is not None and self.drain.fired
+                and isinstance(exc, (asyncio.CancelledError, GeneratorExit))):
+            return ServerShuttingDown()
+        return exc
+
     async def _events(self, run: Run, turn: Turn | None) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events; in a conversation, the finished turn is appended to it before
         the terminal event goes out, so a client that sees the end finds its turn there."""
@@ -345,7 +356,7 @@ class ResponsesService:
                 pass
         except BaseException as exc:
             if store:       # a client that left, or a failure: the record says so
-                run.stop(exc)
+                run.stop(self._cut(exc))
                 self._finalizers.spawn(self._last_update(plan.response["id"], run.response))
             raise
         if store:
@@ -373,7 +384,7 @@ class ResponsesService:
             raise
         finally:
             if writer is not None:
-                events = run.stop(stopped) if stopped is not None else []
+                events = run.stop(self._cut(stopped)) if stopped is not None else []
                 self._finalizers.spawn(self._finalize(writer, events, run.response))
 
     async def _finalize(self, writer: EventLog, events: list[dict[str, Any]],

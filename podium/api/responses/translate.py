@@ -156,7 +156,7 @@ class ToolMap:
         if kind == "custom":
             description = (description or "") + " (Put the whole input in the 'input' field.)"
         self.tools.append(Tool(model_name, parameters, description or None,
-                               where=f"{where}.parameters"))
+                               where=f"{where}.parameters", strict=tool.get("strict") is True))
         self.by_model_name[model_name] = ClientTool(kind, name, namespace)
 
     def add_mcp(self, server: str, tool: dict[str, Any], approval: bool, where: str) -> None:
@@ -372,7 +372,8 @@ def response_format(fmt: Any) -> ResponseFormat | None:
             raise InvalidRequestError("text.format json_schema needs schema, a JSON schema "
                                       "object", param="text.format")
         return ResponseFormat("json_schema", fmt["schema"], fmt.get("name", "output"),
-                              fmt.get("description"), where="text.format.schema")
+                              fmt.get("description"), where="text.format.schema",
+                              strict=fmt.get("strict") is True)
     raise InvalidRequestError(f"text.format of type {fmt['type']!r} is not supported",
                               param="text.format")
 
