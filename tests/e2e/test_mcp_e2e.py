@@ -198,3 +198,19 @@ def test_cancel_during_a_slow_call(client, podium, mcp_url):
     events = sse_events(httpx.get(f"{podium}/v1/responses/{rid}?stream=true",
                                   timeout=30).text)
     assert check_stream(events)["status"] == "cancelled"
+
+
+def test_a_hostile_client_is_refused_before_any_session(client, podium, mcp_url):
+    """Issue 26's attacks through `podium serve`: a thousand servers in one request, a path
+    that resolves outside the allowed prefix, a Host header; each a 400 naming its field,
+    and the server still answers /health."""
+    origin = mcp_url.rsplit("/", 1)[0]
+    cases = [([calc(mcp_url, server_label=f"s{i}") for i in range(1000)], "tools[8]"),
+             ([calc(f"{origin}/mcp/../admin")], "tools[0].server_url"),
+             ([calc(f"{origin}/mcp/%2e%2e/admin")], "tools[0].server_url"),
+             ([calc(mcp_url, headers={"Host": "internal.example"})], "tools[0].headers.Host")]
+    for tools, param in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(model=MODEL, input="hi", tools=tools)
+        assert caught.value.body["param"] == param
+    assert httpx.get(f"{podium}/health", timeout=5).status_code == 200

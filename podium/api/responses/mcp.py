@@ -170,6 +170,13 @@ def _tricky(path: str) -> bool:
     return any(segment.split(";", 1)[0] in (".", "..") for segment in path.split("/"))
 
 
+def _path(url: str) -> str:
+    try:
+        return urlsplit(url).path
+    except ValueError:
+        return ""           # not a URL: the allow list refuses it, with its own message
+
+
 def servers(tools: list[Obj] | None, allow: list[str], max_servers: int = 0) -> list[Server]:
     """The request's ``mcp`` tools, checked: how many, allowed URLs, headers, labels,
     approval rules."""
@@ -193,7 +200,7 @@ def servers(tools: list[Obj] | None, allow: list[str], max_servers: int = 0) -> 
             raise InvalidRequestError(
                 "MCP tools are off on this server: its operator allows MCP servers with "
                 "--mcp-allow PREFIX", param=f"{where}.server_url")
-        if _tricky(urlsplit(url).path):
+        if _tricky(_path(url)):
             raise InvalidRequestError(
                 "server_url may not hold dot segments ('.', '..'), backslashes or "
                 "percent-encoded dots, slashes, backslashes or '%'", param=f"{where}.server_url")
