@@ -168,3 +168,76 @@ def test_responses_tools_required_names_the_tool(served):
     refused(client.post(RESPONSES, json=responses(tools=responses_tools(HUGE),
                                                   tool_choice="required")),
             "tools[1].parameters")
+
+
+# -- strict: keywords the grammar cannot enforce are refused, named; without strict accepted --
+
+UNENFORCED = {"type": "object", "properties": {"q": {"type": "number", "minimum": 0}},
+              "propertyNames": {"pattern": "^[a-z]+$"}}
+CONSTRAINED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
+                                                      "maximum": 9}}, "required": ["n"]}
+
+
+def strict_refusal(r, param, keyword):
+    error = refused(r, param)
+    assert f"keyword {keyword!r}" in error["message"], error
+
+
+def test_chat_strict_response_format(served):
+    client, engine = served
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                  "schema": UNENFORCED}}
+    strict_refusal(client.post(CHAT, json=chat(response_format=fmt)),
+                   "response_format.json_schema.schema", "propertyNames")
+    assert not engine.requests
+    fmt["json_schema"]["strict"] = False
+    assert client.post(CHAT, json=chat(response_format=fmt)).status_code == 200
+    fmt["json_schema"] = {"name": "x", "strict": True, "schema": CONSTRAINED}
+    assert client.post(CHAT, json=chat(response_format=fmt)).status_code == 200
+    assert "[1-9]" in engine.requests[-1].sampling.grammar    # the bound is in the grammar
+
+
+def test_chat_strict_function_tool(served):
+    client, engine = served
+    tools = [{"type": "function", "function": {"name": "f", "strict": True,
+                                               "parameters": UNENFORCED}}]
+    strict_refusal(client.post(CHAT, json=chat(tools=tools)), "tools[0].function.parameters",
+                   "propertyNames")
+    tools[0]["function"].pop("strict")
+    assert client.post(CHAT, json=chat(tools=tools)).status_code == 200
+
+
+def test_responses_strict_text_format_and_tool(served):
+    client, _ = served
+    fmt = {"format": {"type": "json_schema", "name": "x", "strict": True,
+                      "schema": {"type": "object", "patternProperties": {"^x": {}}}}}
+    strict_refusal(client.post(RESPONSES, json=responses(text=fmt)), "text.format.schema",
+                   "patternProperties")
+    tools = [{"type": "function", "name": "f", "strict": True, "parameters": UNENFORCED}]
+    tools[0]["parameters"] = UNENFORCED["properties"]["q"]
+    strict_refusal(client.post(RESPONSES, json=responses(tools=tools)), "tools[0].parameters",
+                   "minimum")
+    tools[0]["strict"] = False
+    assert client.post(RESPONSES, json=responses(tools=tools)).status_code == 200
+
+
+def test_messages_strict_tool(served):
+    client, _ = served
+    body = {"model": SERVED, "max_tokens": 20, "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [{"name": "f", "strict": True, "input_schema": UNENFORCED}]}
+    r = client.post("/v1/messages", json=body)
+    assert r.status_code == 400, r.text
+    assert "'propertyNames'" in r.json()["error"]["message"]
+    body["tools"][0].pop("strict")
+    assert client.post("/v1/messages", json=body).status_code == 200
+
+
+def test_an_enum_too_wide_to_sample_is_refused_naming_the_parameter(served):
+    client, engine = served
+    values = [f"customer_account_reference_identifier_{i:04d}" for i in range(1000)]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": values}}}
+    error = refused(client.post(CHAT, json=chat(response_format=fmt)),
+                    "response_format.json_schema.schema")
+    assert "at most 256" in error["message"]
+    fmt["json_schema"]["schema"] = {"enum": values[:40]}
+    assert client.post(CHAT, json=chat(response_format=fmt)).status_code == 200
