@@ -240,12 +240,16 @@ class JsonPrefix:
                 if self._py is None and self._pythonic(text[i]):
                     return self._feed_py(text, i)
                 self.broken = True
+                if self._escape:          # broken after a backslash: it is held back too
+                    self.attention = True
                 return i
             if ok == _CLOSED_AFTER_COMMA:
                 self.closers.append(i)
             i += 1
             if self.done:                 # stop right after the value's last character
                 return i
+        if self._escape:                  # cut inside an escape: the caller holds it back
+            self.attention = True
         return n
 
     # -- Python literals (``{'city': 'Paris', 'metric': True}``) ----------------------------
@@ -364,6 +368,7 @@ class JsonPrefix:
             if self._escape == "\\":
                 if c == "u":
                     self._escape = "u"
+                    self.attention = True   # a surrogate's half, perhaps: the caller looks
                     return True
                 if c not in '"\\/bfnrt':
                     return False            # still after the backslash: completion() knows
@@ -377,7 +382,6 @@ class JsonPrefix:
             return True
         if c == "\\":
             self._escape = "\\"
-            self.attention = True           # the caller holds a cut escape back
             return True
         if c == '"':
             self._in_string = False

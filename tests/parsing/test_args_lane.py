@@ -207,15 +207,21 @@ def test_argument_tokens_take_the_fast_path():
 
 
 def _by_char(p, text: str) -> int:
-    """``JsonPrefix.feed`` spelled out with ``_char`` alone (no inline structure)."""
+    """``JsonPrefix.feed`` spelled out with ``_char`` alone (no inline structure), with its
+    bookkeeping for the caller (a closer that dropped a comma, an escape left pending)."""
     if p.broken:
         return 0
     for i, c in enumerate(text):
-        if not p._char(c):
+        ok = p._char(c)
+        if not ok:
             p.broken = True
+            p.attention = p.attention or bool(p._escape)
             return i
+        if ok == 2:
+            p.closers.append(i)
         if p.done:
             return i + 1
+    p.attention = p.attention or bool(p._escape)
     return len(text)
 
 
