@@ -44,7 +44,8 @@ class ChatService:
         """The folded object, or (``stream``) an iterator of chunks, framed for SSE. Raises
         before streaming."""
         check_model(req.model, self._engine, self._settings)
-        prepared = await off_loop(self._prepare, req)
+        # a request's own template may spend seconds rendering, however small its body
+        prepared = await off_loop(self._prepare, req, sized_by_body=req.chat_template is None)
         choices = prepared.choices
         start(self._engine, choices)
         cid, created = new_id("chatcmpl"), int(time.time())

@@ -1,0 +1,48 @@
+"""A request's own chat template (``--allow-request-chat-template``) never holds the event loop.
+
+Small bodies are prepared on the event loop (``generation.off_loop``: cheaper than a thread
+hop); a request's template can spend seconds of CPU whatever the body's size, so it is always
+rendered on a worker thread, where the GIL's switch interval lets the loop in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from podium.server.app import create_app
+from podium.settings import Settings
+from tests.conftest import SERVED
+
+# about 4 million loop steps: 2-3 s of CPU (the render's limit is 5 s), in a 200-byte body
+HEAVY = ("{%- for i in range(2000) %}{%- for j in range(2000) %}{%- endfor %}{%- endfor %}"
+         "{{ messages[0]['content'] }}")
+
+
+def test_health_answers_while_a_requests_own_template_renders(scripted):
+    app = create_app(Settings(allow_request_chat_template=True), scripted(["Hi"]))
+    body = {"model": SERVED, "chat_template": HEAVY,
+            "messages": [{"role": "user", "content": "hi"}]}
+
+    async def run() -> tuple[httpx.Response, list[float], float]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://podium") as client:
+            started = time.monotonic()
+            chat = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+            # a /health every 50 ms: a call made any time waits at most one gap to be answered
+            gaps, last = [], time.monotonic()
+            while not chat.done():
+                assert (await client.get("/health")).status_code == 200
+                await asyncio.sleep(0.05)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+            return await chat, gaps, time.monotonic() - started
+
+    answer, gaps, took = asyncio.run(run())
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "Hi"
+    assert took > 1.0                   # the render was long enough to matter
+    assert max(gaps) < 0.5, gaps
+    assert len(gaps) >= 10              # /health answered all along
