@@ -190,16 +190,14 @@ class JsonPrefix:
         self.attention = False
         self.closers: list[int] = []     # where a closer dropped the comma before it (this feed)
         self._py: PyJson | None = None   # Python-literal mode (see ``PyJson``), once entered
+        self._converting = False         # ... checking the JSON it made (``_feed_py``)
         self.out: str | None = None      # in that mode: the JSON text the last feed made
 
     def feed(self, text: str) -> int:
         if self.broken:
             return 0
-        if self._py is not None:
+        if self._py is not None and not self._converting:
             return self._feed_py(text, 0)
-        return self._feed(text)
-
-    def _feed(self, text: str) -> int:
         i, n = 0, len(text)
         while i < n:
             if self._in_string:
@@ -274,18 +272,22 @@ class JsonPrefix:
         self.attention = True
         py = self._py
         n = len(text)
-        while i < n:
-            piece = py.char(text[i])
-            if piece:
-                m = self._feed(piece)
-                if m < len(piece) or self.broken:
-                    self.broken = True
-                    out.append(piece[:m])
+        self._converting = True
+        try:
+            while i < n:
+                piece = py.char(text[i])
+                if piece:
+                    m = self.feed(piece)
+                    if m < len(piece) or self.broken:
+                        self.broken = True
+                        out.append(piece[:m])
+                        break
+                    out.append(piece)
+                i += 1
+                if self.done:
                     break
-                out.append(piece)
-            i += 1
-            if self.done:
-                break
+        finally:
+            self._converting = False
         self.out = "".join(out)
         return i
 
@@ -423,7 +425,9 @@ class JsonPrefix:
         if self._py is not None:
             tail = self._py.finish()
             if tail and not self.broken:
-                m = self._feed(tail)
+                self._converting = True
+                m = self.feed(tail)
+                self._converting = False
                 out += tail[:m]
         if self._in_string:
             out += '"'

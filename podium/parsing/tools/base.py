@@ -444,9 +444,12 @@ class ToolParser:
         """Argument text the call's validator accepted. What it flagged (``attention``)
         is looked at first: Python literals it converted, commas it dropped or holds, and
         escapes (one cut short waits for its end, a lone surrogate is replaced)."""
-        if call.hold or call.json.attention:
+        if call.json.attention:               # (it stays set while text is held)
             text = self._held_back(call, text)
-        self._emit(call, text)
+        if text:                                # _emit, inline: nearly every token comes here
+            call.parts.append(text)
+            if not self._dropping:
+                self._out.append(ToolCallArgsDelta(call.index, text))
 
     def _emit(self, call: "_OpenCall", text: str) -> None:
         if text:
@@ -479,6 +482,7 @@ class ToolParser:
                 log.warning("tool call %r: replaced %d lone surrogate escape(s) with "
                             "U+FFFD", call.name, lone)
         call.hold += comma
+        prefix.attention = bool(call.hold)      # the next text joins what is held
         return text
 
     def start_call_object(self) -> None:
