@@ -281,6 +281,7 @@ class JsonPrefix:
                     if m < len(piece) or self.broken:
                         self.broken = True
                         out.append(piece[:m])
+                        i += m > 0      # it let out a word's JSON: taken, so it is sent
                         break
                     out.append(piece)
                 i += 1

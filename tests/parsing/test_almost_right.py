@@ -56,6 +56,11 @@ CLASSES: dict[str, list[tuple[str, str, str, list]]] = {
         ("llama3_json", "<function=get_time></function>", "", [T]),
         ("llama3_json", '<function=rm_rf>{"path": "/"}</function>Done.', "Done.", []),
         ("llama3_json", '<function=get_weather>{"city": "Paris"}', "", [("get_weather", W)]),
+        # a name that turns out to be prose, however it is cut
+        ("llama3_json", '<function=get"_weather>{"city": "Paris"}</function>',
+         'get"_weather>{"city": "Paris"}', []),
+        ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]a1B2 \n[ARGS]{"city": "Paris"}', "",
+         [("get_weather", W)]),
         ("llama3_json", 'Sure. <|python_tag|>{"name": "get_weather", "parameters": '
          '{"city": "Paris"}}', "Sure.", [("get_weather", W)]),
         ("pythonic", '<function=get_weather>{"city": "Paris"}</function>', "",
@@ -147,6 +152,9 @@ CLASSES: dict[str, list[tuple[str, str, str, list]]] = {
          [("get_weather", W)]),
         ("hermes", '<tool_call>\n{"name": "write_file", "arguments": {"force": Tr', "",
          [("write_file", {"force": True})]),
+        # the character after a word breaks the JSON: the word is kept, at any cut
+        ("hermes", "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"force\": True'}"
+         "}\n</tool_call>", "", [("write_file", {"force": True})]),
         ("pythonic", '[write_file(force=true, mode=null, path="a")]', "",
          [("write_file", {"force": True, "mode": None, "path": "a"})]),
     ],

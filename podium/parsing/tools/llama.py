@@ -41,6 +41,7 @@ PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"     # Llama 4
 TAGS = (PYTHON_TAG, PYTHON_START)                # calls follow
 FUNCTION, FUNCTION_END = "<function=", "</function>"                # Llama 3.1
 NAME = re.compile(r"[\w.\-]+")
+NAME_SO_FAR = re.compile(r"\s*[\"']*[\w.\-]*[\"']*\s*")    # a <function=> name, perhaps cut
 _WS = " \t\r\n"
 
 
@@ -106,18 +107,21 @@ class _StartOfAnswer(ToolParser):
         return used
 
     def _s_function(self, buf: str) -> int | None:
-        """The name, up to ``>``; anything else after ``<function=`` was prose."""
+        """The name, up to ``>``; anything else after ``<function=`` was prose. What may
+        still become a name is read on (``NAME_SO_FAR``: every start of one passes it, so
+        the verdict is the same however the text is cut)."""
         close = buf.find(">")
         piece = buf if close < 0 else buf[:close]
-        self._name.append(piece)
-        name = "".join(self._name).strip().strip("\"'")
+        written = "".join(self._name) + piece
+        if not NAME_SO_FAR.fullmatch(written) or len(written) > 200:
+            return self._not_a_function()
         if close < 0:
-            if len(name) > 200 or (name and not NAME.fullmatch(name)):
-                return self._not_a_function("")
+            self._name.append(piece)
             return len(buf)
+        name = written.strip().strip("\"'")
         if not NAME.fullmatch(name):
-            return self._not_a_function(">", close + 1)
-        self._args = JsonValue()
+            return self._not_a_function()
+        self._name, self._args = [], JsonValue()
         if self.tools.allows(name):
             self.begin_call(name)
         else:
@@ -126,11 +130,12 @@ class _StartOfAnswer(ToolParser):
         self._state = "function_args"
         return close + 1
 
-    def _not_a_function(self, extra: str, used: int = 0) -> int:
+    def _not_a_function(self) -> int:
+        """The name read so far is prose (the tag goes); the rest is read as text."""
         self.stray(FUNCTION)
-        self.text("".join(self._name) + extra)
+        self.text("".join(self._name))
         self._name, self._state = [], "text"
-        return used
+        return 0
 
     def _s_function_args(self, buf: str) -> int | None:
         """The arguments object (or a JSON string holding it) up to its end; none before

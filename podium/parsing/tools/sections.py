@@ -113,7 +113,7 @@ class Aliases:
 
 
 NAME = re.compile(r"[\w.:\-]*")        # a header: a name (Kimi: functions.NAME:0)
-CALL_ID = re.compile(r"[\w\-]*\s*")     # Mistral's call id, and blanks after it
+CALL_ID = re.compile(r"[\w\-]*")        # Mistral's call id
 
 
 class SectionParser(ToolParser):
@@ -134,6 +134,7 @@ class SectionParser(ToolParser):
         self._glued = False           # a header right after a call, its opener left out
         self._just_called = False      # "section" right after a call's end
         self._name = ""               # the name, while a call id is read
+        self._id_read = False         # ... and the id itself was read
         self._aliases = Aliases(fmt.aliases) if fmt.aliases else None
 
     def feed(self, text: str) -> list:
@@ -246,7 +247,7 @@ class SectionParser(ToolParser):
                 return used
             return self._named(fmt.name_of(header), used)
         if fmt.call_id and lead.startswith(fmt.call_id):    # Mistral: the call's id next
-            self._name = fmt.name_of("".join(self._header))
+            self._name, self._id_read = fmt.name_of("".join(self._header)), False
             self._new_header("call_id")
             return n + blanks + len(fmt.call_id)
         if lead[0] == "{" and not self._glued:          # the header's end left out
@@ -277,21 +278,26 @@ class SectionParser(ToolParser):
     def _s_call_id(self, buf: str) -> int | None:
         """Mistral's ``[CALL_ID]``: the id (letters and digits), then ``[ARGS]`` (or, left
         out, the arguments' ``{``). The id is the model's; the call gets Podium's."""
-        n = CALL_ID.match(buf).end()                 # type: ignore[union-attr]
-        self._header.append(buf[:n])
-        if sum(map(len, self._header)) > 100:
-            return self._mention("", n)
-        if n == len(buf):
-            return n or None
-        rest = buf[n:]
+        if not self._id_read:
+            n = CALL_ID.match(buf).end()             # type: ignore[union-attr]
+            self._header.append(buf[:n])
+            if sum(map(len, self._header)) > 100:
+                return self._mention("", n)
+            if n < len(buf):
+                self._id_read = True
+            return n or 0
+        blanks = self.hold_blanks(buf)
+        if blanks:
+            return blanks
         end = self.fmt.header_end
-        if rest.startswith(end):
-            return self._named(self._name, n + len(end))
-        if end.startswith(rest):
-            return n or None
-        if rest[0] != "{":
+        if end.startswith(buf) and buf != end:
+            return None
+        self.take_blanks()
+        if buf.startswith(end):
+            return self._named(self._name, len(end))
+        if buf[0] != "{":
             self.stray(f"{end} left out", "tool call")
-        return self._named(self._name, n)
+        return self._named(self._name, 0)
 
     def _s_deepseek_name(self, buf: str) -> int | None:
         newline = buf.find("\n")
