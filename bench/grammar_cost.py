@@ -4,7 +4,9 @@ The embedded llama.cpp engine on the default model, in this process. A victim st
 (unconstrained, greedy, end-of-turn ignored) is timed alone, then beside each grammar,
 which is resubmitted as soon as it ends so it is there for the victim's whole run. For each:
 the victim's tokens/s and its ratio to alone, and what the constrained requests got
-(tokens, seconds per token, how they ended). Grammars are built as the server builds them
+(tokens, seconds per token, how they ended); first beside a second stream with no grammar,
+which is what sharing the batch costs by itself (on 2 cores about half). The victim's rate alone is measured again
+before each grammar, as other work on the machine comes and goes. Grammars are built as the server builds them
 (``schema_grammar``); a schema the converter refuses is reported as refused, and the victim
 then runs alone. Runs against any tree with the same engine API, so the same script
 measures before and after a change (from a worktree of the old commit).
@@ -42,7 +44,9 @@ def nested_arrays(depth: int, min_items: int) -> dict:
     return schema
 
 
-SCHEMAS = {
+SCHEMAS: dict[str, dict | None] = {
+    # a second stream with no grammar: what sharing the batch costs by itself
+    "no-grammar": None,
     # the campaign's two: 1,000 strings sharing a long prefix (47 KB), and minItems 1000
     # arrays nested 3 deep (a few hundred bytes)
     "enum-1000-similar": {"type": "string", "enum": [
@@ -59,6 +63,7 @@ SCHEMAS = {
     }, "required": ["unit", "city", "days"]},
 }
 PROMPTS = {
+    "no-grammar": "Write a long story about the sea.",
     "enum-1000-similar": "Pick the customer reference for the account we spoke about.",
     "minItems-1000-x3": "Give me a nested list of words.",
     "enum-256-similar": "Pick the customer reference for the account we spoke about.",
@@ -85,7 +90,7 @@ async def victim(engine: LlamaCppEngine, tokens: int) -> float:
     return (n - 1) / (last - first)
 
 
-async def hostile(engine: LlamaCppEngine, name: str, grammar: str, stop: asyncio.Event,
+async def hostile(engine: LlamaCppEngine, name: str, grammar: str | None, stop: asyncio.Event,
                   results: list[tuple[int, float, str]]) -> None:
     """Constrained requests back to back until ``stop``: (tokens, seconds, ending) each."""
     while not stop.is_set():
@@ -122,13 +127,15 @@ async def main() -> None:
         print(f"victim alone: {alone:.1f} tokens/s ({args.tokens} tokens)")
         for name in args.only:
             schema = SCHEMAS[name]
-            size = len(json.dumps(schema))
+            size = len(json.dumps(schema)) if schema is not None else 0
             try:
-                grammar = schema_grammar(schema, "response_format.json_schema.schema")
+                grammar = (schema_grammar(schema, "response_format.json_schema.schema")
+                           if schema is not None else None)
             except PodiumError as exc:
                 print(f"{name} ({size} B): refused with {exc.status_code}: "
                       f"{str(exc)[:140]}")
                 continue
+            alone = await victim(engine, args.tokens)    # again: the machine's load drifts
             stop, results = asyncio.Event(), []
             task = asyncio.create_task(hostile(engine, name, grammar, stop, results))
             await asyncio.sleep(0.5)                # the grammar request is admitted
@@ -140,7 +147,7 @@ async def main() -> None:
             endings = sorted({e for _, _, e in results})
             per = f"{seconds / tokens:.2f} s/token" if tokens else "no token"
             print(f"{name} ({size} B): victim {rate:.1f} tokens/s = {rate / alone:.2f} of "
-                  f"alone; grammar requests: {len(results)}, {tokens} tokens, {per}, "
+                  f"alone ({alone:.1f} just before); grammar requests: {len(results)}, {tokens} tokens, {per}, "
                   f"ended: {'; '.join(endings)}")
     finally:
         await engine.aclose()
