@@ -2,15 +2,20 @@
 
 Codex speaks the Responses API with ``stream: true`` and ``store: false``, sends about 8k
 tokens of instructions and a dozen tools (about 10k tokens in all: more than an 8k context) (``web_search`` among them, which Podium leaves out).
+A second turn, on a fresh server, gives Codex an idle limit far shorter than that prompt's
+prefill: Podium's keepalive events must carry the stream.
 The CLI comes from the npm registry (cached between runs); this machine kind has npm.
 """
 
+import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -34,16 +39,14 @@ def codex_binary() -> Path:
     return binary
 
 
-@pytest.fixture(scope="module")
-def default_server(tmp_path_factory):
-    """``podium serve`` exactly as a user starts it: default model, default settings."""
+@contextlib.contextmanager
+def serve(log_path: Path, *args: str) -> Iterator[str]:
+    """``podium serve ARGS`` on a free port, its output in ``log_path``; its URL."""
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("codex-server") / "server.log"
     env = {**os.environ, "PODIUM_DATA_DIR": str(log_path.parent)}
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port)],
-                                env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port),
+                                 *args], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -51,13 +54,25 @@ def default_server(tmp_path_factory):
                 break
         except httpx.HTTPError:
             time.sleep(0.2)
-    yield url, log_path
-    proc.terminate()
-    proc.wait(timeout=30)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
-def test_codex_exec_completes_a_turn_on_the_defaults(default_server, tmp_path):
-    url, log_path = default_server
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    """``podium serve`` exactly as a user starts it: default model, default settings."""
+    log_path = tmp_path_factory.mktemp("codex-server") / "server.log"
+    with serve(log_path) as url:
+        yield url, log_path
+
+
+def codex_turn(url: str, tmp_path: Path, provider: str = "") -> str:
+    """``codex exec`` of one short task against ``url`` (``provider``: more lines of its
+    model provider's config); its output, once it has exited 0 with an answer and without
+    a stream error, a context-window complaint or a retry."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -71,6 +86,7 @@ sandbox_mode = "read-only"
 name = "Podium"
 base_url = "{url}/v1"
 wire_api = "responses"
+{provider}
 ''')
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI")}
     env["CODEX_HOME"] = str(home)
@@ -84,7 +100,37 @@ wire_api = "responses"
     assert "stream error" not in output.lower() and "unexpected status" not in output.lower()
     assert "context window" not in output.lower()           # the defaults hold its prompt
     assert "reconnecting" not in output.lower()             # nothing was retried
+    assert result.stdout.strip()            # the agent's final message
+    return output
+
+
+def access_lines(log_path: Path) -> list[str]:
+    """Podium's access-log lines for Codex's requests; each one a 200."""
     requests = [line for line in log_path.read_text().splitlines()
                 if "podium.access" in line and 'endpoint="/v1/responses"' in line]
     assert requests and all("status=200" in line for line in requests), requests
-    assert result.stdout.strip()            # the agent's final message
+    return requests
+
+
+def test_codex_exec_completes_a_turn_on_the_defaults(default_server, tmp_path):
+    url, log_path = default_server
+    codex_turn(url, tmp_path)
+    access_lines(log_path)
+
+
+def test_a_prefill_longer_than_codexs_idle_limit_is_kept_alive(tmp_path):
+    """Codex drops a stream that sends no SSE event for ``stream_idle_timeout_ms`` (300 s by
+    default; comments do not count) and sends the request again. Its first request (about
+    10k tokens) on a fresh server takes a minute or more to prefill on two cores, far longer
+    than the 10 s given here; keepalive events every second carry it through: answered, no
+    reconnect. (10 s, not less: the keep-alives cover the wait for the first token, and a
+    loaded CI machine can stall a decode step for a few seconds.)"""
+    log_path = tmp_path / "server.log"
+    with serve(log_path, "--stream-keepalive-seconds", "1") as url:
+        try:
+            codex_turn(url, tmp_path, "stream_idle_timeout_ms = 10000")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n-- podium serve:\n{log_path.read_text()[-4000:]}")
+    first = access_lines(log_path)[0]
+    ttft = float(re.search(r"ttft_ms=([0-9.]+)", first).group(1))
+    assert ttft > 10_000, first     # the first token came after Codex's idle limit
