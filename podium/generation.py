@@ -4,7 +4,8 @@
 per requested completion; ``start`` queues them with the engine atomically;
 ``run_choices`` drives each choice's engine request through its ``ChoiceStream`` and yields
 ``(choice_index, event)`` pairs in the order they happen; it is the single stream every
-rendering (streamed chunks or a folded object) is computed from.
+rendering (streamed chunks or a folded object) is computed from. ``stream_choices`` is the
+same for a stream, with a ``KEEPALIVE`` now and then while a choice waits for its first token.
 """
 
 from __future__ import annotations

@@ -84,6 +84,17 @@ def test_chat_sdk_never_sees_the_keepalive(slow):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == REPLY
 
 
+def test_several_choices_each_keep_the_stream_alive(slow):
+    body = slow().post("/v1/chat/completions", json={**CHAT, "n": 2}).text
+    parts = frames(body)
+    assert len([f for f in parts if f == ": keepalive"]) >= 2 * expected_ticks().start
+    chunks = [json.loads(f[len("data: "):]) for f in parts if f.startswith("data: {")]
+    for index in (0, 1):
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                       if c["choices"] and c["choices"][0]["index"] == index)
+        assert text == REPLY
+
+
 def test_completions_stream_sends_comments_and_the_sdk_parses_it(slow):
     http = slow()
     body = http.post("/v1/completions", json={"model": SERVED, "prompt": "Say hi",
