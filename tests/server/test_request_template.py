@@ -16,8 +16,9 @@ from podium.server.app import create_app
 from podium.settings import Settings
 from tests.conftest import SERVED
 
-# about 4 million loop steps: 2-3 s of CPU (the render's limit is 5 s), in a 200-byte body
-HEAVY = ("{%- for i in range(2000) %}{%- for j in range(2000) %}{%- endfor %}{%- endfor %}"
+# about 12 million loop steps, in a 200-byte body: 1.6 s of CPU on a quiet machine (the
+# render's limit is 5 s of CPU); a busy one stretches it
+HEAVY = ("{%- for i in range(3500) %}{%- for j in range(3500) %}{%- endfor %}{%- endfor %}"
          "{{ messages[0]['content'] }}")
 
 
@@ -45,4 +46,4 @@ def test_health_answers_while_a_requests_own_template_renders(scripted):
     assert answer.json()["choices"][0]["message"]["content"] == "Hi"
     assert took > 1.0                   # the render was long enough to matter
     assert max(gaps) < 0.5, gaps
-    assert len(gaps) >= 10              # /health answered all along
+    assert len(gaps) >= 8               # /health answered all along
