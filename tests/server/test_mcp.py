@@ -646,15 +646,16 @@ def test_the_default_bound_refuses_a_thousand_servers(app, mcp_url):
 
 
 def test_sessions_are_bounded_across_requests(app, mcp_url):
-    """One session slot: a background response holds it through slow calls (each timed
-    out, the next made), so another response's listing waits --mcp-timeout for it and
-    fails, naming the bound."""
-    slow = call("slow", seconds=5)
-    c = app([slow, slow, slow, slow, "done"], mcp_max_sessions=1, mcp_timeout=1)
+    """One session slot: a background response holds its session from its first call to its
+    end (here a slow second round), so another response's listing waits --mcp-timeout for the
+    slot and fails, naming the bound; once the first ends, the slot comes back."""
+    long = "word " * 400
+    c = app([call("add", a=2, b=3), long, "ok", "ok"], mcp_max_sessions=1, mcp_timeout=1,
+            delay=0.02)
     rid = c.post(URL, json=ask(mcp_url, background=True)).json()["id"]
-    deadline = time.monotonic() + 10
-    while not (c.engine.stats["running"] == 0 and len(c.engine.requests) == 1):
-        assert time.monotonic() < deadline
+    deadline = time.monotonic() + 20
+    while not (len(c.engine.requests) == 2 and c.engine.stats["running"] == 1):
+        assert time.monotonic() < deadline       # the second round runs, the session open
         time.sleep(0.05)
     body = c.post(URL, json=ask(mcp_url)).json()
     listing = body["output"][0]
