@@ -89,5 +89,6 @@ def _aad(owner: str) -> bytes:
 
 
 def _invalid(param: str | None) -> InvalidRequestError:
-    return InvalidRequestError("This sealed content was not issued by this server to this API "
-                               "key, or it was altered", param=param)
+    return InvalidRequestError("This sealed content (an encrypted_content or a signature) was "
+                               "not issued by this server to this API key, or it was altered",
+                               param=param)
