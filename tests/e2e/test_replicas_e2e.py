@@ -133,7 +133,7 @@ def test_encrypted_reasoning_issued_by_a_is_accepted_by_b(replicas):
                                     max_output_tokens=80,
                                     include=["reasoning.encrypted_content"])
     (reasoning,) = [item for item in first.output if item.type == "reasoning"]
-    assert reasoning.encrypted_content.startswith("podium.v1.")
+    assert reasoning.encrypted_content.startswith("podium.v2.")
     sealed = {"type": "reasoning", "id": reasoning.id, "summary": [],
               "encrypted_content": reasoning.encrypted_content}
     replay = [{"role": "user", "content": THINK}, sealed,
