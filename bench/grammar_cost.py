@@ -32,7 +32,7 @@ from podium.engine.base import EngineRequest, SamplingParams  # noqa: E402
 from podium.engine.llamacpp.engine import LlamaCppEngine  # noqa: E402
 from podium.engine.llamacpp.model_files import default_model_path  # noqa: E402
 from podium.errors import PodiumError  # noqa: E402
-from podium.parsing.constraints import schema_grammar  # noqa: E402
+from podium.grammar import schema_grammar  # noqa: E402
 
 _ids = itertools.count()
 

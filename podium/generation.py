@@ -24,7 +24,7 @@ from podium.conversation import Conversation, Options
 from podium.dialect import Dialect
 from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
-from podium.parsing.constraints import check_strict
+from podium.grammar import check_strict
 from podium.parsing.events import Event
 from podium.settings import Settings
 

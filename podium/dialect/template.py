@@ -15,7 +15,7 @@ from podium.conversation import Conversation, Message, Options, ResponseFormat
 from podium.dialect.base import Prompt
 from podium.engine.base import SamplingParams, Tokenizer
 from podium.errors import InvalidRequestError
-from podium.parsing.constraints import json_object_grammar, schema_grammar, tool_call_grammar
+from podium.grammar import json_object_grammar, schema_grammar, tool_call_grammar
 from podium.parsing.pipeline import OutputParser
 from podium.parsing.registry import (build_reasoning_parser, build_tool_parser,
                                      detect_reasoning_parser, detect_tool_parser)

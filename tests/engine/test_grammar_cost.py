@@ -12,7 +12,7 @@ from podium.engine.base import EngineRequest, SamplingParams
 from podium.engine.llamacpp import sampling
 from podium.engine.llamacpp.engine import LlamaCppEngine
 from podium.errors import InvalidRequestError
-from podium.parsing.constraints import schema_grammar
+from podium.grammar import schema_grammar
 
 _ids = itertools.count()
 PARAM = "response_format.json_schema.schema"

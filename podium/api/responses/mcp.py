@@ -40,7 +40,7 @@ import httpx2
 
 from podium.errors import InvalidRequestError
 from podium.generation import off_loop
-from podium.parsing.constraints import schema_grammar
+from podium.grammar import schema_grammar
 from podium.protocol.chat import TOOL_NAME_PATTERN
 
 log = logging.getLogger(__name__)

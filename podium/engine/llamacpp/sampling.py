@@ -31,7 +31,7 @@ import numpy as np
 
 from podium.engine.base import SamplingParams, TokenLogprob
 from podium.errors import InvalidRequestError
-from podium.parsing.constraints import GrammarError, checked
+from podium.grammar import GrammarError, checked
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])   # llama_token_data
@@ -158,7 +158,7 @@ def _token_array(cells: np.ndarray) -> llama_cpp.llama_token_data_array:
 
 def _grammar_stage(vocab, text: str):
     """llama.cpp's grammar sampler for ``text``, which must pass ``check_grammar`` first
-    (grammars from ``podium.parsing.constraints`` have): llama.cpp prints a grammar it
+    (grammars from ``podium.grammar`` have): llama.cpp prints a grammar it
     refuses, whole, to stderr, and can be crashed by one it does not refuse."""
     try:
         text = checked(text)

@@ -20,8 +20,8 @@ from podium.engine.base import SamplingParams
 from podium.engine.llamacpp.model import LlamaModel
 from podium.engine.llamacpp.sampling import Sampler
 from podium.errors import InvalidRequestError
-from podium.parsing.constraints import (MAX_REPETITION, GrammarError, check_grammar,
-                                        check_strict, schema_grammar, tool_call_grammar)
+from podium.grammar import (MAX_REPETITION, GrammarError, check_grammar,
+                            check_strict, schema_grammar, tool_call_grammar)
 
 PARAM = "response_format.json_schema.schema"
 
@@ -219,7 +219,7 @@ CRASH = textwrap.dedent("""
     from podium.engine.llamacpp.model_files import default_model_path
     from podium.engine.llamacpp.sampling import Sampler
     from podium.errors import InvalidRequestError
-    from podium.parsing.constraints import schema_grammar
+    from podium.grammar import schema_grammar
 
     schema = json.loads(sys.argv[2])
     vocab = LlamaModel(default_model_path(), vocab_only=True).vocab
