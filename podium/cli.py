@@ -97,7 +97,7 @@ def _serve(settings: Settings, runner: asyncio.Runner) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "parse":
-        from podium.parsing.explain import main as parse
+        from podium.cli_parse import main as parse
 
         return parse(argv[1:])
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("serve", "model-path"):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from podium.parsing.explain import _print
+from podium.cli_parse import _print
 
 
 def podium_parse(*args: str, text: str) -> subprocess.CompletedProcess:
