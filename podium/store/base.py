@@ -25,6 +25,10 @@ from typing import Any, Callable, Protocol
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
 NO_OWNER = ""       # the one owner of a server without API keys (and of pre-owner rows)
+# How an interrupted response is failed (the Responses API's ``log.fail_response``): given
+# its body, its logged events and a message, it makes the body the failed response and
+# returns the events (sequence numbers stamped) that close its log; none when it has no log.
+CloseLog = Callable[[dict[str, Any], list[dict[str, Any]], str], list[dict[str, Any]]]
 
 
 @dataclass
@@ -83,10 +87,11 @@ class ResponseStore(Protocol):
         """Logged events with ``sequence_number`` > ``after``, in order (the first ``limit``
         of them when given)."""
 
-    async def fail_unfinished(self, message: str, now: float | None = None) -> list[str]:
+    async def fail_unfinished(self, message: str, close: CloseLog,
+                              now: float | None = None) -> list[str]:
         """Mark failed the queued / in-progress responses whose lease lapsed before ``now``
-        (their replica died) or that hold none, their output rebuilt from their event log
-        and the log closed; their ids."""
+        (their replica died) or that hold none, each body made the failed response and its
+        log closed by ``close``, in the transaction that fails it; their ids."""
 
     async def renew(self, ids: list[str], replica: str, until: float
                     ) -> tuple[set[str], set[str]]:

@@ -48,8 +48,7 @@ import orjson
 import sqlalchemy as sa
 
 from podium.errors import StoreUnavailable
-from podium.render.responses import Sequencer, recover
-from podium.store.base import NO_OWNER, TERMINAL, StoredResponse
+from podium.store.base import NO_OWNER, TERMINAL, CloseLog, StoredResponse
 from podium.store.listen import CANCELS, EVENTS, Listener
 
 log = logging.getLogger(__name__)
@@ -324,11 +323,12 @@ class SQLStore:
 
     # -- housekeeping -------------------------------------------------------------------
 
-    async def fail_unfinished(self, message: str, now: float | None = None) -> list[str]:
-        return await self._run(self._fail_unfinished, message,
+    async def fail_unfinished(self, message: str, close: CloseLog,
+                              now: float | None = None) -> list[str]:
+        return await self._run(self._fail_unfinished, message, close,
                                time.time() if now is None else now)
 
-    def _fail_unfinished(self, message: str, now: float) -> list[str]:
+    def _fail_unfinished(self, message: str, close: CloseLog, now: float) -> list[str]:
         """Fail the queued / in-progress responses whose lease lapsed before ``now`` (their
         replica died or lost the database) or that hold none (written before leases). Each
         is held while it is failed, and one held by another replica's pass is skipped
@@ -339,7 +339,7 @@ class SQLStore:
             rows = db.execute(sa.select(r.c.id, r.c.body).where(_RUNNING, lapsed, _LIVE)
                               .with_for_update(skip_locked=True)).all()
             for row in rows:
-                self._fail(db, row.id, orjson.loads(row.body), message)
+                self._fail(db, row.id, orjson.loads(row.body), message, close)
                 self._notify(db, _EVENTS, row.id)
         return [row.id for row in rows]
 
@@ -383,22 +383,18 @@ class SQLStore:
             db.execute(sa.select(sa.func.pg_notify(channel, response_id)))
 
     def _fail(self, db: sa.Connection, response_id: str, body: dict[str, Any],
-              message: str) -> None:
-        """Fail one interrupted response: its output is what its log holds, and its log is
-        closed (open items done, then ``response.failed``) so followers end."""
+              message: str, close: CloseLog) -> None:
+        """Fail one interrupted response: ``close`` (the API's) makes ``body`` the failed
+        response from what its log holds and gives the events that close its log, appended
+        in the same transaction so followers end."""
         logged = [orjson.loads(r.body) for r in db.execute(
             sa.select(events.c.body).where(events.c.response_id == response_id).order_by(
                 events.c.seq)).all()]
-        output, closing = recover(logged)
-        body.update(status="failed", error={"code": "server_error", "message": message})
-        if logged:
-            body["output"] = output
+        tail = close(body, logged, message)
         db.execute(sa.update(responses).where(responses.c.id == response_id).values(
             status="failed", body=_dumps(body)))
-        if not logged and not body.get("background"):
+        if not tail:
             return                      # a non-streamed response: it has no log to close
-        seq = Sequencer(logged[-1]["sequence_number"] + 1 if logged else 0)
-        tail = seq.stamp([*closing, {"type": "response.failed", "response": body}])
         db.execute(sa.insert(events), [
             {"response_id": response_id, "seq": e["sequence_number"], "body": _dumps(e)}
             for e in tail])

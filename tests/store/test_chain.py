@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import podium.store.sql
+from podium.api.responses.log import fail_response
 from podium.store.base import NO_OWNER, StoredResponse
 from podium.store.sql import _GUARDED_APPEND, SQLStore, _ancestry
 from tests.store.test_sql import OLD_SCHEMA
@@ -155,7 +156,7 @@ def test_a_deleted_parent_is_kept_for_its_children_until_the_last_goes(open_stor
     assert asyncio.run(store.append_events(parent.id, [{"type": "response.in_progress",
                                                         "sequence_number": 1}])) is False
     assert asyncio.run(store.chain(parent.id, A)) is None
-    assert asyncio.run(store.fail_unfinished("stopped")) == []
+    assert asyncio.run(store.fail_unfinished("stopped", fail_response)) == []
     assert asyncio.run(store.delete(parent.id, A)) is False
     assert store.count() == 2 and rows(store) == 3
     # ... but not to its children's chains

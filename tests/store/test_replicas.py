@@ -6,6 +6,7 @@ to the replica running a response, finished responses that late writes cannot ch
 import asyncio
 import time
 
+from podium.api.responses.log import fail_response
 from podium.store.sql import SQLStore
 from tests.store.test_sql import A, event, record
 
@@ -20,7 +21,7 @@ def running(store, rid, replica="replica_a", until=None):
 def test_a_held_lease_keeps_a_response_running(open_store):
     store = open_store()
     running(store, "resp_held")
-    assert asyncio.run(store.fail_unfinished("stopped")) == []
+    assert asyncio.run(store.fail_unfinished("stopped", fail_response)) == []
     cancel, lost = asyncio.run(store.renew(["resp_held"], "replica_a", time.time() + LEASE))
     assert cancel == set() and lost == set()
     assert asyncio.run(store.get("resp_held", A)).status == "in_progress"
@@ -32,8 +33,8 @@ def test_a_lapsed_lease_is_failed_once_with_its_log_closed(open_store):
     running(first, "resp_alive")
     asyncio.run(first.append_events("resp_dead", [event(0, "response.created"),
                                                   event(1, "response.in_progress")]))
-    assert asyncio.run(second.fail_unfinished("its replica died")) == ["resp_dead"]
-    assert asyncio.run(first.fail_unfinished("its replica died")) == []     # done already
+    assert asyncio.run(second.fail_unfinished("its replica died", fail_response)) == ["resp_dead"]
+    assert asyncio.run(first.fail_unfinished("its replica died", fail_response)) == []  # done
     body = asyncio.run(first.get("resp_dead", A)).body
     assert body["status"] == "failed" and body["error"]["message"] == "its replica died"
     assert asyncio.run(first.events_after("resp_dead", 1))[-1]["type"] == "response.failed"
@@ -48,13 +49,13 @@ def test_renewing_extends_only_the_holders_running_responses(open_store):
                                            time.time() + LEASE))
     assert lost == {"resp_theirs"} and cancel == set()
     later = time.time() + 2
-    assert asyncio.run(store.fail_unfinished("lapsed", now=later)) == ["resp_theirs"]
+    assert asyncio.run(store.fail_unfinished("lapsed", fail_response, now=later)) == ["resp_theirs"]
 
 
 def test_a_response_failed_elsewhere_is_lost_to_its_holder_and_stays_failed(open_store):
     store = open_store()
     running(store, "resp_slow", until=time.time() - 1)        # its holder missed a renewal
-    asyncio.run(store.fail_unfinished("lapsed"))
+    asyncio.run(store.fail_unfinished("lapsed", fail_response))
     cancel, lost = asyncio.run(store.renew(["resp_slow"], "replica_a", time.time() + LEASE))
     assert lost == {"resp_slow"}
     # the holder's late writes change nothing: no events, no status
@@ -79,7 +80,7 @@ def test_giving_a_lease_up_lets_the_next_pass_fail_it_at_once(open_store):
     store = open_store()
     running(store, "resp_left")
     asyncio.run(store.renew(["resp_left"], "replica_a", 0))
-    assert asyncio.run(store.fail_unfinished("left at shutdown")) == ["resp_left"]
+    assert asyncio.run(store.fail_unfinished("left at shutdown", fail_response)) == ["resp_left"]
 
 
 # -- PostgreSQL: LISTEN / NOTIFY ---------------------------------------------------------

@@ -10,6 +10,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
+from podium.api.responses.log import fail_response
 from podium.store.base import StoredResponse
 from podium.store.sql import SCHEMA_VERSION, SQLStore
 
@@ -100,7 +101,7 @@ def test_a_release_database_opens_with_nothing_lost(url, open_store):
                                                 order="asc"))
     assert items == [item("resp_3")] and not more
     # the release's unfinished response holds no lease: failed at start, its log closed
-    assert asyncio.run(store.fail_unfinished("stopped")) == ["resp_run"]
+    assert asyncio.run(store.fail_unfinished("stopped", fail_response)) == ["resp_run"]
     events = asyncio.run(store.events_after("resp_run", -1))
     assert [e["type"] for e in events] == ["response.created", "response.in_progress",
                                            "response.failed"]
@@ -108,7 +109,7 @@ def test_a_release_database_opens_with_nothing_lost(url, open_store):
     record = StoredResponse("resp_4", body("resp_4", "in_progress"), [], [item("resp_4")],
                             OWNER, parent_id="resp_3")
     asyncio.run(store.put(record, ("replica_a", time.time() + 30)))
-    assert asyncio.run(store.fail_unfinished("stopped")) == []
+    assert asyncio.run(store.fail_unfinished("stopped", fail_response)) == []
     assert [r.id for r in asyncio.run(store.chain("resp_4", OWNER))][-2:] == ["resp_3",
                                                                             "resp_4"]
     open_store()                                        # opened again: nothing to do

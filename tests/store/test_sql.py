@@ -8,6 +8,7 @@ from concurrent.futures import TimeoutError as Waiting
 import pytest
 import sqlalchemy as sa
 
+from podium.api.responses.log import fail_response
 from podium.render.responses import recover
 from podium.store.base import NO_OWNER, StoredResponse
 from podium.store.sql import _GUARDED_APPEND, SQLStore
@@ -87,7 +88,7 @@ def test_a_crashed_response_is_failed_with_the_output_its_log_holds(open_store):
     cut = next(i for i, e in enumerate(events) if e.get("delta") == "sunny ") + 1
     asyncio.run(store.put(record(status="in_progress")))
     asyncio.run(store.append_events("resp_1", events[:cut]))
-    assert asyncio.run(store.fail_unfinished("stopped")) == ["resp_1"]
+    assert asyncio.run(store.fail_unfinished("stopped", fail_response)) == ["resp_1"]
     body = asyncio.run(store.get("resp_1", A)).body
     assert body["status"] == "failed" and body["error"]["message"] == "stopped"
     output, closing = recover(events[:cut])

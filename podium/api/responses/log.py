@@ -6,7 +6,8 @@ it on this replica (followers on other replicas hear of the write from the store
 (``discard``), at its next append on any other (the store refuses it). ``Logs`` holds the
 logs open on this replica, ``follow`` replays a log and then tails it, and ``Finalizers``
 runs the last writes of a stream whose client has gone, each tracked until it finishes, so a
-shutdown waits for all of them.
+shutdown waits for all of them. ``fail_response`` closes the log of a response whose replica
+stopped (the store calls it when it fails one: the store renders no events itself).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from typing import Any, AsyncGenerator, Awaitable
 
 from podium.errors import StoreUnavailable
+from podium.render.responses import Sequencer, recover
 from podium.store.base import TERMINAL, ResponseStore
 
 log = logging.getLogger(__name__)
@@ -130,3 +132,18 @@ class Finalizers:
     async def drain(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def fail_response(body: Obj, logged: list[Obj], message: str) -> list[Obj]:
+    """Fail one interrupted response (``ResponseStore.fail_unfinished``'s ``close``): its
+    output is what its log holds, and its log is closed (open items done, then
+    ``response.failed``) so followers end: the closing events, stamped after the log's last.
+    A non-streamed response has no log to close: no events."""
+    output, closing = recover(logged)
+    body.update(status="failed", error={"code": "server_error", "message": message})
+    if logged:
+        body["output"] = output
+    if not logged and not body.get("background"):
+        return []
+    seq = Sequencer(logged[-1]["sequence_number"] + 1 if logged else 0)
+    return seq.stamp([*closing, {"type": "response.failed", "response": body}])

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncGenerator
 
 from podium.api.responses import mcp
-from podium.api.responses.log import POLL_SECONDS, EventLog, Finalizers, Logs
+from podium.api.responses.log import POLL_SECONDS, EventLog, Finalizers, Logs, fail_response
 from podium.api.responses.runner import Plan, Run
 from podium.api.responses.translate import (ToolMap, as_input, new_item_id, normalize_input,
                                             skeleton, to_conversation, to_options, turn_starts)
@@ -510,7 +510,7 @@ class ResponsesService:
 
     async def _fail_abandoned(self) -> None:
         failed = await self._store.fail_unfinished(
-            "The server running this response stopped before it finished")
+            "The server running this response stopped before it finished", fail_response)
         if failed:
             log.warning("marked %d interrupted responses failed: %s", len(failed),
                         ", ".join(failed))
