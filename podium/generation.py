@@ -243,25 +243,13 @@ def _first_events(out: EngineOutput, feed: Callable[[EngineOutput], list[Event]]
     return events
 
 
-# The size of the request body being served, set where it is parsed (server/routing.py):
-# how ``off_loop`` tells a small request's preparation from a big one's.
-BODY_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar("podium_body_bytes",
-                                                                         default=None)
-# Preparing a request of up to this many body bytes takes at most about 2 ms (rendering and
-# tokenizing some 2,500 tokens, ~0.9 us a token): it is done at once on the event loop.
-# Handing it to a worker thread costs several times the work itself (thread wake-ups and
-# the two threads taking the GIL from each other: measured, issue 19), and the loop would
-# wait as long for the GIL meanwhile.
-INLINE_BODY_BYTES = 8 * 1024
-
-
-async def off_loop(fn: Callable[..., T], *args: Any, sized_by_body: bool = True) -> T:
+async def off_loop(fn: Callable[..., T], *args: Any, inline: bool = False) -> T:
     """Run CPU-heavy request preparation (rendering, tokenizing, grammar building) on a
-    worker thread, so the event loop keeps serving every other client meanwhile; or at once,
-    when the work grows with the request body alone (``sized_by_body``: no stored history)
-    and that body is at most ``INLINE_BODY_BYTES``."""
-    size = BODY_BYTES.get()
-    if sized_by_body and size is not None and size <= INLINE_BODY_BYTES:
+    worker thread, so the event loop keeps serving every other client meanwhile; or at once
+    (``inline``), when the caller knows the work is small: it grows with the request body
+    alone (no stored history, no request template) and the route found that body small
+    (``server.routing.small``)."""
+    if inline:
         return fn(*args)
     context = contextvars.copy_context()       # the request's telemetry record goes along
     return await asyncio.get_running_loop().run_in_executor(

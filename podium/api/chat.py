@@ -39,13 +39,14 @@ class ChatService:
         self._dialect = dialect
         self._settings = settings
 
-    async def create(self, req: ChatCompletionRequest
+    async def create(self, req: ChatCompletionRequest, *, small: bool = False
                      ) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         """The folded object, or (``stream``) an iterator of chunks, framed for SSE. Raises
-        before streaming."""
+        before streaming. ``small``: the route found the body small (prepared on the loop)."""
         check_model(req.model, self._engine, self._settings)
         # a request's own template may spend seconds rendering, however small its body
-        prepared = await off_loop(self._prepare, req, sized_by_body=req.chat_template is None)
+        prepared = await off_loop(self._prepare, req,
+                                  inline=small and req.chat_template is None)
         choices = prepared.choices
         start(self._engine, choices)
         cid, created = new_id("chatcmpl"), int(time.time())

@@ -32,12 +32,12 @@ class CompletionService:
         self._engine = engine
         self._settings = settings
 
-    async def create(self, req: CompletionRequest
+    async def create(self, req: CompletionRequest, *, small: bool = False
                      ) -> dict[str, Any] | AsyncGenerator[dict | bytes, None]:
         engine = self._engine
         check_model(req.model, engine, self._settings)
         _refuse_unsupported(req)
-        prompts = await off_loop(self._prompts, req.prompt)
+        prompts = await off_loop(self._prompts, req.prompt, inline=small)
         choices: list[Choice] = []
         echoes: list[Echo | None] = []
         for p in prompts:

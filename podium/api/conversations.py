@@ -215,7 +215,7 @@ class ConversationsService:
         items = await self._store.all_items(conversation_id, owner)
         if items is None:
             raise self._missing(conversation_id, param="conversation")
-        await off_loop(self._check_stored, conversation_id, items, owner, sized_by_body=False)
+        await off_loop(self._check_stored, conversation_id, items, owner)
         return items
 
     def _check_stored(self, conversation_id: str, items: list[Obj], owner: str) -> None:

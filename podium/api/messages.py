@@ -60,10 +60,10 @@ class MessagesService:
         self._settings = settings
         self._sealer = sealer
 
-    async def create(self, req: MessagesRequest, owner: str = NO_OWNER
+    async def create(self, req: MessagesRequest, owner: str = NO_OWNER, *, small: bool = False
                      ) -> dict[str, Any] | AsyncGenerator[dict, None]:
         check_model(req.model, self._engine, self._settings)
-        prepared = await off_loop(self._prepare, req, owner)
+        prepared = await off_loop(self._prepare, req, owner, inline=small)
         choice = prepared.choices[0]
         start(self._engine, [choice])
         omit = req.thinking is not None and req.thinking.display == "omitted"
@@ -76,11 +76,11 @@ class MessagesService:
             pass
         return builder.message
 
-    async def count_tokens(self, req: CountTokensRequest, owner: str = NO_OWNER
-                           ) -> dict[str, Any]:
+    async def count_tokens(self, req: CountTokensRequest, owner: str = NO_OWNER, *,
+                           small: bool = False) -> dict[str, Any]:
         """The prompt's tokens as the model would see them: template, system and tools."""
         check_model(req.model, self._engine, self._settings)
-        return {"input_tokens": await off_loop(self._count, req, owner)}
+        return {"input_tokens": await off_loop(self._count, req, owner, inline=small)}
 
     def _count(self, req: CountTokensRequest, owner: str) -> int:
         options = self._options(req, None)

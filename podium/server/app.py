@@ -33,7 +33,7 @@ from podium.server import errors
 from podium.server.lifecycle import Drain
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
-from podium.server.routing import PodiumRoute
+from podium.server.routing import PodiumRoute, small
 from podium.server.sse import BODY_SEND, SSEResponse
 from podium.server.watch import unless_gone
 from podium.settings import Settings
@@ -153,16 +153,18 @@ def _owner(request: Request) -> str:
 def _routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions", responses=_STREAMING)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return respond(await unless_gone(request, request.app.state.chat.create(body)))
+        return respond(await unless_gone(request, request.app.state.chat.create(
+            body, small=small(request))))
 
     @app.post("/v1/completions", responses=_STREAMING)
     async def completions(body: CompletionRequest, request: Request):
-        return respond(await unless_gone(request, request.app.state.completions.create(body)))
+        return respond(await unless_gone(request, request.app.state.completions.create(
+            body, small=small(request))))
 
     @app.post("/v1/responses", responses=_STREAMING)
     async def create_response(body: ResponsesRequest, request: Request):
         return respond(await unless_gone(request, request.app.state.responses.create(
-            body, _owner(request))), responses_api=True)
+            body, _owner(request), small=small(request))), responses_api=True)
 
     @app.get("/v1/responses/{response_id}", responses=_STREAMING)
     async def get_response(response_id: str, request: Request, stream: bool = False,
@@ -195,12 +197,12 @@ def _routes(app: FastAPI) -> None:
     @app.post("/v1/messages", responses=_STREAMING)
     async def messages(body: MessagesRequest, request: Request):
         return respond(await unless_gone(request, request.app.state.messages.create(
-            body, _owner(request))), anthropic=True)
+            body, _owner(request), small=small(request))), anthropic=True)
 
     @app.post("/v1/messages/count_tokens", responses=_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request):
         return json_response(await request.app.state.messages.count_tokens(
-            body, _owner(request)))
+            body, _owner(request), small=small(request)))
 
     @app.get("/v1/models")
     async def list_models(request: Request):

@@ -499,16 +499,14 @@ class Session:
             cursor = None
             for _ in range(self._limits.max_pages):
                 page = await client.list_tools(cursor=cursor)
-                tools += await off_loop(_allowed_items, self.server, page.tools,
-                                        sized_by_body=False)
+                tools += await off_loop(_allowed_items, self.server, page.tools)
                 if len(tools) > self._limits.max_tools:
                     raise McpError(f"lists more than --mcp-max-tools "
                                    f"({self._limits.max_tools}) tools: name the ones the "
                                    f"model needs in allowed_tools")
                 cursor = page.next_cursor
                 if not cursor:
-                    return await off_loop(usable, tools, self.server.label,
-                                          sized_by_body=False)
+                    return await off_loop(usable, tools, self.server.label)
             raise McpError(f"lists its tools in more than --mcp-max-pages "
                            f"({self._limits.max_pages}) pages")
         return await self._bounded(listing(), "listing its tools")
@@ -518,8 +516,8 @@ class Session:
         async def calling() -> tuple[str, bool]:
             client = await self._connected()
             result = await client.call_tool(name, arguments)
-            text = await off_loop(_text, result.content, result.structured_content,
-                                  sized_by_body=False)      # many parts: a worker's join
+            text = await off_loop(_text, result.content,
+                                  result.structured_content)      # many parts: a worker's join
             return text, bool(result.is_error)
         return await self._bounded(calling(), f"calling {name!r}")
 
@@ -692,7 +690,7 @@ class Sessions:
         except McpError as exc:
             return None, {"type": "mcp_protocol_error", "code": exc.code,
                           "message": exc.message}
-        text = await off_loop(self._capped, text, sized_by_body=False)
+        text = await off_loop(self._capped, text)
         if failed:
             return None, {"type": "mcp_tool_execution_error",
                           "content": [{"type": "text", "text": text}]}

@@ -85,7 +85,7 @@ class ResponsesService:
     async def startup(self) -> None:
         await self._store.start(self._cancel_here)
         if self._settings.mcp_allow:
-            await off_loop(mcp.warm, sized_by_body=False)
+            await off_loop(mcp.warm)
         await self._fail_abandoned()
         self._keeper = asyncio.create_task(self._keep_leases(), name="podium-leases")
         if self._settings.response_retention_days > 0:
@@ -110,7 +110,7 @@ class ResponsesService:
 
     # -- create -------------------------------------------------------------------------
 
-    async def create(self, req: ResponsesRequest, owner: str = NO_OWNER
+    async def create(self, req: ResponsesRequest, owner: str = NO_OWNER, *, small: bool = False
                      ) -> dict[str, Any] | AsyncGenerator[dict, None]:
         check_model(req.model, self._engine, self._settings)
         if req.background and not req.store:
@@ -119,7 +119,7 @@ class ResponsesService:
         if req.conversation is not None and req.previous_response_id:
             raise InvalidRequestError("conversation and previous_response_id cannot be used "
                                       "together", param="conversation")
-        plan = await self._plan(req, owner)
+        plan = await self._plan(req, owner, small)
         try:
             if plan.choice is not None:     # 429 / 400 now, before anything is stored
                 start(self._engine, [plan.choice])
@@ -155,7 +155,7 @@ class ResponsesService:
                 await plan.choice.outputs.aclose()
             raise
 
-    async def _plan(self, req: ResponsesRequest, owner: str) -> Plan:
+    async def _plan(self, req: ResponsesRequest, owner: str, small: bool) -> Plan:
         history: list[dict[str, Any]] = []
         response, source = skeleton(req), "previous_response_id"
         if req.previous_response_id:
@@ -184,7 +184,7 @@ class ResponsesService:
             wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
             prepared = await off_loop(self._prepare_fitting, req, history + items + approved,
                                       wheres + ["input"] * len(approved), tools, options,
-                                      owner, sized_by_body=not history and sessions is None)
+                                      owner, inline=small and not history and sessions is None)
         except BaseException:
             if sessions is not None:
                 await sessions.close()
@@ -196,7 +196,7 @@ class ResponsesService:
             done = as_input(output)
             following = await off_loop(self._prepare_fitting, req, history + items + done,
                                        wheres + ["output"] * len(done), tools, later,
-                                       owner, sized_by_body=False)  # with the model's output
+                                       owner)       # with the model's output: on a worker
             start(self._engine, [following.choices[0]])
             return following.choices[0]
 
@@ -232,7 +232,7 @@ class ResponsesService:
         for server in servers:
             if server.label in known:       # checked again: a conversation's item is data
                 offered = await off_loop(mcp.usable, known[server.label]["tools"],
-                                         server.label, sized_by_body=False)
+                                         server.label)
             else:
                 offered = by_label[server.label]["tools"]
             for tool in offered:
