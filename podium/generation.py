@@ -17,7 +17,7 @@ import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Protocol, TypeVar, cast, final
+from typing import Any, AsyncIterator, Callable, TypeVar, cast, final
 
 from podium import telemetry
 from podium.conversation import Conversation, Options
@@ -27,6 +27,7 @@ from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFo
 from podium.grammar import check_strict
 from podium.parsing.events import Event
 from podium.settings import Settings
+from podium.stream import ChoiceStream
 
 T = TypeVar("T")
 
@@ -81,20 +82,6 @@ def choice_seed(seed: int | None, default_seed: int, index: int) -> int | None:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
-
-
-class ChoiceStream(Protocol):
-    """One choice's engine outputs in, semantic events out: ``TextStream`` (detokenizer, stop
-    strings, output parsers) for template dialects and Completions, ``HarmonyPipeline`` for
-    Harmony. The choice's last output yields its ``Finish`` and then its ``Usage``;
-    ``finish()`` gives the ``Usage`` of a choice cut short (nothing once it was given)."""
-
-    @property
-    def finished(self) -> bool:
-        """The choice ended (a finish reason, or a stop string)."""
-
-    def feed(self, out: EngineOutput) -> list[Event]: ...
-    def finish(self) -> list[Event]: ...
 
 
 @dataclass

@@ -14,13 +14,11 @@ everything family-specific, so the services hold no family branches:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from podium.conversation import Conversation, Options
 from podium.engine.base import SamplingParams
-
-if TYPE_CHECKING:
-    from podium.generation import ChoiceStream
+from podium.stream import ChoiceStream
 
 
 @dataclass(slots=True)

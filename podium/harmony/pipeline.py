@@ -1,7 +1,7 @@
 """A Harmony model's tokens to Podium's events, parsed token by token by openai-harmony.
 
 It takes the place of the text pipeline and output parser of other families (the engine
-outputs of one choice in, semantic events out: a ``generation.ChoiceStream``), because
+outputs of one choice in, semantic events out: a ``podium.stream.ChoiceStream``), because
 Harmony's structure lives in special tokens, not in text:
 
 - ``analysis`` messages are reasoning;

@@ -94,7 +94,7 @@ class TextPipeline:
 
 class TextStream:
     """One choice of a text family, engine outputs in, semantic events out: the text pipeline,
-    then (chat) the output parser. It implements ``generation.ChoiceStream``: the usage
+    then (chat) the output parser. It implements ``podium.stream.ChoiceStream``: the usage
     follows ``Finish`` as an event, and reasoning is counted in tokens, the tokens that came
     while the reasoning parser was inside the reasoning section (its tags included).
     """
