@@ -523,8 +523,13 @@ def _create_schema(engine: sa.Engine) -> None:
     transaction that holds an advisory lock on PostgreSQL (replicas starting together
     migrate one after the other, the others find it done). On SQLite, several processes on
     one file race to create the same tables; the loser finds them made on its next look.
-    A database from a newer Podium is refused."""
-    for attempt in range(3):
+    A database from a newer Podium is refused.
+
+    SQLite answers a writer whose snapshot went stale with "database is locked" at once,
+    without waiting out its busy timeout, so a start racing another can lose several times in
+    a row: it looks again, a little later each time."""
+    attempts = 10
+    for attempt in range(attempts):
         try:
             with engine.begin() as db:
                 if db.dialect.name == "postgresql":
@@ -549,8 +554,9 @@ def _create_schema(engine: sa.Engine) -> None:
                              SCHEMA_VERSION)
             return
         except sa.exc.DBAPIError:
-            if attempt == 2:
+            if attempt == attempts - 1:
                 raise
+            time.sleep(0.02 * (attempt + 1))
 
 
 def _schema_version(db: sa.Connection) -> int | None:
