@@ -102,7 +102,14 @@ class Prepared:
 
 def check_options(options: Options) -> None:
     """What no model can be asked, whatever its dialect."""
-    names = {t.name for t in options.tools}
+    names: dict[str, str] = {}
+    for tool in options.tools:
+        if tool.name in names:          # the model could not tell them apart
+            param = tool.where.rsplit(".", 1)[0] + ".name"
+            raise InvalidRequestError(
+                f"{param}: tool names must be unique ({tool.name!r} is also "
+                f"{names[tool.name].rsplit('.', 1)[0]}.name)", param=param)
+        names[tool.name] = tool.where
     if options.tool_choice == "required" and not names:
         raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice")
     named = options.named_call

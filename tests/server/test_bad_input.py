@@ -103,3 +103,22 @@ def test_unknown_fields_are_accepted_and_ignored(client):
     r = client.post(CHAT, json=chat(frobnicate=True, metadata={"a": "b"}, store=True,
                                     service_tier="auto", prediction={"type": "content"}))
     assert r.status_code == 200
+
+
+FUNCTION = {"type": "object", "properties": {}}
+
+
+@pytest.mark.parametrize("url, body, param", [
+    (CHAT, chat(tools=[{"type": "function", "function": {"name": "f", "parameters": FUNCTION}},
+                       {"type": "function", "function": {"name": "g", "parameters": FUNCTION}},
+                       {"type": "function", "function": {"name": "f"}}]),
+     "tools[2].function.name"),
+    ("/v1/responses", {"model": SERVED, "input": "hi", "tools": [
+        {"type": "function", "name": "f", "parameters": FUNCTION},
+        {"type": "function", "name": "f", "parameters": FUNCTION, "description": "again"}]},
+     "tools[1].name")])
+def test_two_tools_of_one_name_are_400(client, url, body, param):
+    """The model could not tell them apart (every API: Messages refuses them too)."""
+    r = client.post(url, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and "unique" in r.json()["error"]["message"]
