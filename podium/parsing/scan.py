@@ -159,7 +159,8 @@ class JsonValue:
 
 
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
-_CLOSED_AFTER_COMMA = 2         # _char's "accepted": a closer that dropped the comma before it
+_CLOSED_AFTER_COMMA = 2         # "accepted": a closer that dropped the comma before it
+_STRING_OPENS = ("value", "value_or_end", "key", "key_or_end")     # where a quote opens one
 _STRING_SPECIAL = re.compile(r'["\\\x00-\x1f]')
 _HEX = frozenset("0123456789abcdefABCDEF")
 _LITERALS = ("true", "false", "null")
@@ -194,46 +195,55 @@ class JsonPrefix:
         self.out: str | None = None      # in that mode: the JSON text the last feed made
 
     def feed(self, text: str) -> int:
+        """How much of ``text`` keeps the prefix valid: all of it, or up to the first bad
+        character (then ``broken``), or just past the value's end (then ``done``).
+
+        One pass, one branch per kind of character, the commonest first: plain string
+        text (skipped to the next quote, backslash or control character in one search),
+        then blanks, quotes and colons between values; escapes, numbers and literals, and
+        brackets and commas in the methods below."""
         if self.broken:
             return 0
         if self._py is not None and not self._converting:
             return self._feed_py(text, 0)
         i, n = 0, len(text)
+        ok: bool | int | None
         while i < n:
             if self._in_string:
-                if not self._escape:                    # skip plain string text at once
+                if self._escape:
+                    ok = self._escaped(text[i])
+                else:
                     m = _STRING_SPECIAL.search(text, i)
-                    i = m.start() if m else n
-                    if i == n:
+                    if m is None:
                         break
-                    if text[i] == '"':                  # the string ends (as _string_char)
+                    i = m.start()
+                    c = text[i]
+                    if c == '"':                    # the string ends
                         self._in_string = False
                         if self._is_key:
                             self._expect = "colon"
                         else:
                             self._after_value()
-                        i += 1
-                        if self.done:
-                            return i
-                        continue
-            elif not self._token:                       # the commonest structure inline,
-                c = text[i]                             # as _structural does it
-                if c in " \t\r\n":
-                    i += 1
-                    if self.done:                       # after the value: one at a time
-                        return i
-                    continue
-                expect = self._expect
-                if c == '"' and expect != "end" and expect != "colon" and (
-                        expect != "comma_or_end"):
+                        ok = True
+                    elif c == "\\":
+                        self._escape, ok = "\\", True
+                    else:                           # a raw control character
+                        ok = False
+            elif self._token:
+                ok = self._token_char(text[i])
+                if ok is None:                      # it ended before this character,
+                    continue                        # read next as structure
+            else:
+                c, expect = text[i], self._expect
+                if c in _WS:
+                    ok = True
+                elif c == '"' and expect in _STRING_OPENS:
                     self._in_string, self._is_key = True, expect in ("key", "key_or_end")
-                    i += 1
-                    continue
-                if c == ":" and expect == "colon":
-                    self._expect = "value"
-                    i += 1
-                    continue
-            ok = self._char(text[i])
+                    ok = True
+                elif c == ":" and expect == "colon":
+                    self._expect, ok = "value", True
+                else:
+                    ok = self._structural(c)
             if not ok:
                 if self._py is None and self._pythonic(text[i]):
                     return self._feed_py(text, i)
@@ -292,36 +302,53 @@ class JsonPrefix:
         self.out = "".join(out)
         return i
 
-    def _char(self, c: str) -> bool | int:
-        if self._in_string:
-            return self._string_char(c)
-        if self._token:
-            if self._token[0] in "tfn":
-                word = self._token + c
-                if any(lit.startswith(word) for lit in _LITERALS):
-                    self._token = word
-                    if word in _LITERALS:
-                        self._token = ""
-                        self._after_value()
-                    return True
-                return False
-            if c in _NUMBER_CHARS:
-                if not _number_prefix_ok(self._token + c):     # "1-", "01", "1.e"
-                    return False
-                self._token += c
+    def _escaped(self, c: str) -> bool:
+        """A character after a backslash in a string, or one of a ``\\u`` escape's digits."""
+        if self._escape == "\\":
+            if c == "u":
+                self._escape = "u"
+                self.attention = True       # a surrogate's half, perhaps: the caller looks
                 return True
-            if not _number_ok(self._token):
+            if c not in '"\\/bfnrt':
+                return False                # still after the backslash: completion() knows
+            self._escape = ""
+            return True
+        if c not in _HEX:
+            return False
+        self._escape += c
+        if len(self._escape) == 5:
+            self._escape = ""
+        return True
+
+    def _token_char(self, c: str) -> bool | None:
+        """A character after a number's or a literal's first: taken (True), breaking the
+        prefix (False), or after the number's end (None: the number is a value, and ``c``
+        is read again as structure)."""
+        token = self._token
+        if token[0] in "tfn":
+            word = token + c
+            if any(lit.startswith(word) for lit in _LITERALS):
+                self._token = word
+                if word in _LITERALS:
+                    self._token = ""
+                    self._after_value()
+                return True
+            return False
+        if c in _NUMBER_CHARS:
+            if not _number_prefix_ok(token + c):     # "1-", "01", "1.e"
                 return False
-            self._token = ""
-            self._after_value()
-        return self._structural(c)
+            self._token += c
+            return True
+        if not _number_ok(token):
+            return False
+        self._token = ""
+        self._after_value()
+        return None
 
     def _structural(self, c: str) -> bool | int:
-        if c in " \t\r\n":
-            return True
+        """A character between values that ``feed`` does not take itself (blanks, a quote
+        that opens a string, a colon): a bracket, a comma, a number's or literal's first."""
         expect = self._expect
-        if expect == "end":
-            return False
         if expect in ("value", "value_or_end"):
             if c == "]" and (expect == "value_or_end" or self._after_comma()):
                 if expect == "value":               # [1, 2,]: the comma goes
@@ -332,9 +359,6 @@ class JsonPrefix:
             if c in "{[":
                 self._stack.append(c)
                 self._expect = "key_or_end" if c == "{" else "value_or_end"
-                return True
-            if c == '"':
-                self._in_string, self._is_key = True, False
                 return True
             if c in "-0123456789" or c in "tfn":
                 self._token = c
@@ -347,16 +371,9 @@ class JsonPrefix:
                     self._close("{")
                     return _CLOSED_AFTER_COMMA
                 return self._close("{")
-            if c == '"':
-                self._in_string, self._is_key = True, True
-                return True
             return False
-        if expect == "colon":
-            if c == ":":
-                self._expect = "value"
-                return True
+        if expect != "comma_or_end":                # "end", or "colon" (not a colon)
             return False
-        # comma_or_end
         top = self._stack[-1]
         if c == ",":
             self._expect = "key" if top == "{" else "value"
@@ -365,35 +382,6 @@ class JsonPrefix:
         if c == ("}" if top == "{" else "]"):
             return self._close(top)
         return False
-
-    def _string_char(self, c: str) -> bool:
-        if self._escape:
-            if self._escape == "\\":
-                if c == "u":
-                    self._escape = "u"
-                    self.attention = True   # a surrogate's half, perhaps: the caller looks
-                    return True
-                if c not in '"\\/bfnrt':
-                    return False            # still after the backslash: completion() knows
-                self._escape = ""
-                return True
-            if c not in _HEX:
-                return False
-            self._escape += c
-            if len(self._escape) == 5:
-                self._escape = ""
-            return True
-        if c == "\\":
-            self._escape = "\\"
-            return True
-        if c == '"':
-            self._in_string = False
-            if self._is_key:
-                self._expect = "colon"
-            else:
-                self._after_value()
-            return True
-        return c >= " "
 
     def _close(self, kind: str) -> bool:
         self._stack.pop()

@@ -207,22 +207,21 @@ def test_argument_tokens_take_the_fast_path():
 
 
 def _by_char(p, text: str) -> int:
-    """``JsonPrefix.feed`` spelled out with ``_char`` alone (no inline structure), with its
-    bookkeeping for the caller (a closer that dropped a comma, an escape left pending)."""
-    if p.broken:
-        return 0
-    for i, c in enumerate(text):
-        ok = p._char(c)
-        if not ok:
-            p.broken = True
-            p.attention = p.attention or bool(p._escape)
-            return i
-        if ok == 2:
-            p.closers.append(i)
-        if p.done:
-            return i + 1
-    p.attention = p.attention or bool(p._escape)
-    return len(text)
+    """``p.feed(text)`` made of one feed per character: how much of ``text`` it took, the
+    closers that dropped a comma at their place in ``text``."""
+    closers, p.closers = p.closers, []
+    try:
+        for i, c in enumerate(text):
+            took = p.feed(c)
+            closers += [i] * len(p.closers)
+            p.closers = []
+            if not took:
+                return i
+            if p.done:
+                return i + 1
+        return len(text)
+    finally:
+        p.closers = closers
 
 
 @settings(max_examples=500, deadline=None)
@@ -230,8 +229,9 @@ def _by_char(p, text: str) -> int:
                                  'u', '0', 'n', 'true', '1', '-', '.', 'e', '\x01', '": ',
                                  '", "', ' {"', '"}', 'null']), max_size=30).map("".join),
        st.lists(st.integers(min_value=1, max_value=8), max_size=30), st.booleans())
-def test_json_prefix_inline_structure_is_char_by_char(text, sizes, braced):
-    """The validator's inline steps (blanks, quotes, colons) do what ``_char`` does."""
+def test_json_prefix_reads_any_chunking_as_one_character_at_a_time(text, sizes, braced):
+    """The validator's one pass (strings skipped in one search, blanks, quotes and colons
+    taken inline) ends where a character-by-character reading ends, in the same state."""
     from podium.parsing.scan import JsonPrefix
     text = "{" + text if braced else text
     fast, ref = JsonPrefix(), JsonPrefix()
@@ -239,4 +239,7 @@ def test_json_prefix_inline_structure_is_char_by_char(text, sizes, braced):
     for size in [*sizes, len(text)]:
         piece, i = text[i:i + size], i + size
         assert fast.feed(piece) == _by_char(ref, piece)
-        assert vars(fast) == vars(ref) and fast.completion() == ref.completion()
+        # (``attention`` also flags an escape cut by a feed's end: each character's feed)
+        assert ({k: v for k, v in vars(fast).items() if k != "attention"}
+                == {k: v for k, v in vars(ref).items() if k != "attention"})
+        assert fast.completion() == ref.completion()
