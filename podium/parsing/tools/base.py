@@ -124,20 +124,15 @@ class ToolParser:
         if (self.LANE_STATE and self._state == self.LANE_STATE and text and not self._buf
                 and not self._back):
             json_call = self._json
-            lane = json_call.lane
-            if lane is not None and (not self.LANE_GUARD or self.LANE_GUARD not in text):
-                # Nearly every token of a call's arguments: the arguments object is being
-                # read with the open call's own validator; the step would feed it all of
-                # ``text`` first (call_object -> JsonCall -> _s_args_object). If it takes all
-                # and the object goes on, that step would only pass it on: done here.
-                n = lane.feed(text)
-                if n == len(text) and not lane.done:
-                    json_call.stopped_at = n
-                    json_call.had_args = True
-                    json_call._on_valid(text)      # type: ignore[misc]
-                    out, self._out = self._out, []
-                    return out
-                json_call.pre = n               # anything else: the step goes on from there
+            if (json_call.lane is not None and (not self.LANE_GUARD or self.LANE_GUARD not in text)
+                    and json_call.feed_args(text)):
+                # Nearly every token of a call's arguments: the arguments object is read with
+                # the open call's own validator, and the step's first move would be to feed
+                # it all of ``text`` (call_object -> JsonCall.feed -> feed_args). Taken ahead
+                # of the step: if it took all and the object goes on, that was all the step
+                # would do; else the step's feed goes on from where it stopped.
+                out, self._out = self._out, []
+                return out
         buf = self._buf + text if self._buf else text
         step = self._step
         while buf:

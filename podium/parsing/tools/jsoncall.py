@@ -43,11 +43,10 @@ class JsonCall:
         self._lane = lane
         # The arguments object being streamed with the open call's own validator (one scan
         # checks it, not two): that JsonPrefix while in "args_object", else None. The text
-        # it accepts goes to ``_on_valid`` as it stands. ``pre``: a feed of the next chunk's
-        # whole text the owner already made (its fast path), -1 if none.
+        # it accepts goes to ``_on_valid`` as it stands.
         self.lane: JsonPrefix | None = None
         self._on_valid: Callable[[str], None] | None = None
-        self.pre = -1
+        self._ahead = 0                # characters of the next chunk taken already (feed_args)
         self._state = "start"
         self._key: str | None = None
         self._value = JsonValue()
@@ -64,7 +63,8 @@ class JsonCall:
 
     def feed(self, chunk: str) -> int:
         """Consume ``chunk``; the index just past the object's end, or -1."""
-        i, n = 0, len(chunk)
+        i, self._ahead = self._ahead, 0
+        n = len(chunk)
         while i < n and not (self.done or self.failed):
             i = self._handlers[self._state](self, chunk, i)
         self.stopped_at = i
@@ -181,23 +181,36 @@ class JsonCall:
 
     def _s_args_object(self, chunk: str, i: int) -> int:
         piece = chunk[i:] if i else chunk
-        if self.pre >= 0:                   # fed already (see ``pre``): the same outcome
-            n, self.pre = self.pre, -1
-        else:
-            n = self._prefix.feed(piece)
+        if self.feed_args(piece):
+            return len(chunk)
+        n, self._ahead = self._ahead, 0
+        return i + n
+
+    def feed_args(self, piece: str) -> bool:
+        """More of the arguments object (``feed``'s step there): True if it took all of
+        ``piece`` and the object goes on. Else where it stopped (the object ended or broke)
+        is where the next ``feed`` goes on from.
+
+        On the lane (``lane`` set: nearly every token of a call's arguments) the owner takes
+        this step ahead of ``feed``, and of its own step: on True that is all they would do."""
+        prefix, on_valid = self._prefix, self._on_valid
+        n = prefix.feed(piece)
         if n:
             text = piece if n == len(piece) else piece[:n]
-            if self._on_valid is not None:
+            if on_valid is not None:
                 self.had_args = True
-                self._on_valid(text)        # accepted by the call's own validator
+                on_valid(text)              # accepted by the call's own validator
             else:
                 self._args(text)
-        if self._prefix.broken:
+        if prefix.broken:
             self.failed, self.lane = True, None
-            return i + n
-        if self._prefix.done:
+        elif prefix.done:
             self._state, self.lane = "after", None
-        return i + n
+        elif n == len(piece):
+            self.stopped_at = n
+            return True
+        self._ahead = n
+        return False
 
     def _s_value(self, chunk: str, i: int) -> int:
         end = self._value.feed(chunk[i:])
