@@ -1,11 +1,12 @@
-"""The generation stage: a conversation prepared for the engine, started, and run per choice.
+"""The generation stage: a conversation prepared for the engine, started, run and rendered.
 
 ``prepare`` renders a ``Conversation`` in the model's ``Dialect`` and builds one ``Choice``
-per requested completion; ``start`` queues them with the engine atomically;
-``run_choices`` drives each choice's engine request through its ``ChoiceStream`` and yields
-``(choice_index, event)`` pairs in the order they happen; it is the single stream every
-rendering (streamed chunks or a folded object) is computed from. ``stream_choices`` is the
-same for a stream, with a ``KEEPALIVE`` now and then while a choice waits for its first token.
+per requested completion; ``start`` queues them with the engine atomically; ``drive`` is the
+one loop that runs them: each engine output through its choice's ``ChoiceStream``, each event
+through the API's renderer (``render.base.Renderer``), usage folded once (``UsageFold``),
+keep-alives while a choice waits for its first token, and the engine's work ended when the
+consumer stops. ``fold`` is the same drive for a non-stream answer, so a streamed and a folded
+answer are renderings of one event stream.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, TypeVar, cast, final
+from contextlib import aclosing
+from typing import Any, AsyncGenerator, Callable, TypeVar
 
 from podium import telemetry
 from podium.conversation import Conversation, Options
@@ -25,7 +27,8 @@ from podium.dialect import Dialect
 from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
 from podium.grammar import check_strict
-from podium.parsing.events import Event
+from podium.parsing.events import Usage
+from podium.render.base import Folding, Renderer
 from podium.settings import Settings
 from podium.stream import ChoiceStream
 
@@ -162,33 +165,120 @@ def start(engine: Engine, choices: list[Choice]) -> None:
         choice.outputs = engine.generate(choice.request)
 
 
-@final
-class KeepAlive:
-    """What a choice's stream yields every ``keepalive`` seconds while it waits for its
-    first output: a queued request or a long prefill has nothing else to send, and agent
-    clients drop a stream that stays silent for their idle limit (Codex: 300 s)."""
+class UsageFold:
+    """The one place a request's usage is summed: the ``Usage`` event of each choice the
+    driver ran, or, for a choice cut short, its stream's ``finish()``.
 
-    __slots__ = ()
+    Choices come in groups of ``n`` that share one prompt (Chat: one group; Completions: one
+    per prompt; Responses: one per round of the model). A group's prompt counts once and its
+    cached tokens are the most any of its choices reused; completion and reasoning tokens
+    add up over every choice.
+    """
+
+    __slots__ = ("_n", "_streams", "_usages")
+
+    def __init__(self, n: int = 1):
+        self._n = n
+        self._streams: list[ChoiceStream] = []
+        self._usages: list[Usage | None] = []
+
+    def track(self, choices: list[Choice]) -> int:
+        """Count ``choices`` too; the slot of the first (the others follow it)."""
+        base = len(self._usages)
+        self._streams += [c.stream for c in choices]
+        self._usages += [None] * len(choices)
+        return base
+
+    def add(self, slot: int, usage: Usage) -> None:
+        self._usages[slot] = usage
+
+    def __bool__(self) -> bool:
+        return bool(self._usages)
+
+    def totals(self) -> Usage:
+        usages = self._usages
+        for i, u in enumerate(usages):
+            if u is None:           # cut short: counted from what its stream saw
+                usages[i] = next((e for e in self._streams[i].finish()
+                                  if isinstance(e, Usage)), None)
+        total, n = Usage(0, 0), self._n
+        for start in range(0, len(usages), n):
+            group = [u for u in usages[start:start + n] if u is not None]
+            if group:
+                total.prompt_tokens += group[0].prompt_tokens
+                total.cached_tokens += max(u.cached_tokens for u in group)
+                total.completion_tokens += sum(u.completion_tokens for u in group)
+                total.reasoning_tokens += sum(u.reasoning_tokens for u in group)
+        return total
 
 
-KEEPALIVE = KeepAlive()
+async def drive(engine: Engine, choices: list[Choice], renderer: Renderer, *, n: int = 0,
+                keepalive: float = 0.0) -> AsyncGenerator[Any, None]:
+    """The one driver: a request's choices run and rendered, from ``renderer.open()`` to
+    ``renderer.close(usage)``. ``n``: choices per prompt (0: all of them share one);
+    ``keepalive``: seconds between ``renderer.keepalive()`` objects while a choice waits for
+    its first output (0: none). Closing it ends every choice's engine work at once."""
+    usage = UsageFold(n or len(choices))
+    for obj in renderer.open():
+        yield obj
+    async with aclosing(drive_round(engine, choices, renderer, usage, keepalive)) as objs:
+        async for obj in objs:
+            yield obj
+    for obj in renderer.close(usage.totals()):
+        yield obj
 
 
-async def run_choice(engine: Engine, index: int, choice: Choice, keepalive: float = 0.0
-                     ) -> AsyncIterator[tuple[int, Event | KeepAlive]]:
+async def fold(engine: Engine, choices: list[Choice], renderer: Folding, *, n: int = 0
+               ) -> dict[str, Any]:
+    """The non-stream answer: ``drive``'s objects dropped, the renderer's ``result()``."""
+    async with aclosing(drive(engine, choices, renderer, n=n)) as objs:
+        async for _ in objs:
+            pass
+    return renderer.result()
+
+
+def drive_round(engine: Engine, choices: list[Choice], renderer: Renderer, usage: UsageFold,
+                keepalive: float = 0.0) -> AsyncGenerator[Any, None]:
+    """``drive`` without the opening and closing: one round of the model (the Responses
+    API runs several in one response), its usage folded into ``usage``. A single choice is
+    not merged (one less hop per token)."""
+    base = usage.track(choices)
+    if len(choices) == 1:
+        return _run_choice(engine, 0, choices[0], renderer, usage, base, keepalive)
+    return _merge([_run_choice(engine, i, c, renderer, usage, base + i, keepalive)
+                   for i, c in enumerate(choices)])
+
+
+def _uncounted(count: int) -> None:
+    """A request without a telemetry record (a service called directly) counts nothing."""
+
+
+async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Renderer,
+                      usage: UsageFold, slot: int, keepalive: float
+                      ) -> AsyncGenerator[Any, None]:
+    """One choice: each engine output through its stream, each event rendered. The first
+    output may be awaited apart (keep-alives while it is queued or prefilling); then it
+    enters the same loop as every other output."""
     outputs = choice.outputs if choice.outputs is not None else engine.generate(choice.request)
     record = telemetry.current()
-    if record is not None and index == 0:
-        record.prompt(len(choice.request.prompt_token_ids))
+    count: Callable[[int], None] = _uncounted
+    capture: Callable[[str], None] | None = None
+    if record is not None:
+        count = record.meter()
+        if record.capture:
+            capture = record.output.append
+        if index == 0:
+            record.prompt(len(choice.request.prompt_token_ids))
     stream = choice.stream
-    feed = stream.feed
+    feed, render = stream.feed, renderer.event
+    out: EngineOutput | None = None
     try:
         if keepalive > 0:
-            # the first output alone is awaited apart (the loops below stay one hop a token)
             first = asyncio.ensure_future(outputs.__anext__())
             try:
                 while not (await asyncio.wait((first,), timeout=keepalive))[0]:
-                    yield index, KEEPALIVE
+                    for obj in renderer.keepalive():
+                        yield obj
             finally:
                 if not first.done():
                     first.cancel()
@@ -197,44 +287,30 @@ async def run_choice(engine: Engine, index: int, choice: Choice, keepalive: floa
                 out = first.result()
             except StopAsyncIteration:
                 return
-            for event in _first_events(out, feed, record):
-                yield index, event
+        while True:
+            if out is None:
+                try:
+                    out = await outputs.__anext__()
+                except StopAsyncIteration:
+                    break
+            if out.token_ids:
+                count(len(out.token_ids))
+            for event in feed(out):
+                if type(event) is Usage:
+                    usage.add(slot, event)
+                    continue
+                if capture is not None and hasattr(event, "text"):
+                    capture(event.text)
+                for obj in render(index, event):
+                    yield obj
             if stream.finished:
-                return
-        if record is None:
-            async for out in outputs:
-                for event in feed(out):
-                    yield index, event
-                if stream.finished:
-                    break
-        else:
-            tokens, capture = record.meter(), record.capture
-            async for out in outputs:
-                if out.token_ids:
-                    tokens(len(out.token_ids))
-                for event in feed(out):
-                    if capture and hasattr(event, "text"):
-                        record.output.append(event.text)
-                    yield index, event
-                if stream.finished:
-                    break
+                break
+            out = None
     finally:
         # Stopping early (a stop string, a disconnect) must end the engine's work at once.
         await outputs.aclose()
         if not stream.finished:
             await engine.abort(choice.request.request_id)
-
-
-def _first_events(out: EngineOutput, feed: Callable[[EngineOutput], list[Event]],
-                  record: telemetry.RequestRecord | None) -> list[Event]:
-    """The events of a choice's first output, counted as ``run_choice``'s loops count
-    every other output."""
-    if record is not None and out.token_ids:
-        record.meter()(len(out.token_ids))
-    events = feed(out)
-    if record is not None and record.capture:
-        record.output.extend(e.text for e in events if hasattr(e, "text"))
-    return events
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, inline: bool = False) -> T:
@@ -254,27 +330,12 @@ _PREPARE = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
                               thread_name_prefix="podium-prepare")
 
 
-def run_choices(engine: Engine, choices: list[Choice]) -> AsyncIterator[tuple[int, Event]]:
-    """Every choice's events; a single choice is not wrapped (one less hop per token)."""
-    return cast(AsyncIterator[tuple[int, Event]], stream_choices(engine, choices, 0.0))
-
-
-def stream_choices(engine: Engine, choices: list[Choice], keepalive: float
-                   ) -> AsyncIterator[tuple[int, Event | KeepAlive]]:
-    """``run_choices`` for a stream: also a ``KEEPALIVE`` (for each choice) every
-    ``keepalive`` seconds until the choice's first output (0: never)."""
-    if len(choices) == 1:
-        return run_choice(engine, 0, choices[0], keepalive)
-    return _merge([run_choice(engine, i, c, keepalive) for i, c in enumerate(choices)])
-
-
-async def _merge(streams: list[AsyncIterator[tuple[int, Event | KeepAlive]]]
-                 ) -> AsyncIterator[tuple[int, Event | KeepAlive]]:
+async def _merge(streams: list[AsyncGenerator[Any, None]]) -> AsyncGenerator[Any, None]:
     """Interleave several streams in arrival order; closing the merge closes them all."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
-    async def pump(stream: AsyncIterator[tuple[int, Event | KeepAlive]]) -> None:
+    async def pump(stream: AsyncGenerator[Any, None]) -> None:
         try:
             async for item in stream:
                 await queue.put(item)

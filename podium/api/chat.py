@@ -10,28 +10,20 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncGenerator
 
+from podium.api import common
 from podium.api.common import sampling_params, stop_strings
-from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
-                                 TextPart, Tool, ToolCall)
+from podium.conversation import (Conversation, Message, Options, Reasoning, TextPart, Tool,
+                                 ToolCall)
 from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import InvalidRequestError
-from podium.generation import (Choice, KeepAlive, Prepared, check_model, new_id, off_loop,
-                               prepare, run_choices, start, stream_choices)
-from podium.parsing.events import Usage
+from podium.generation import Prepared, check_model, drive, fold, new_id, off_loop, prepare, start
 from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, NamedToolChoice,
                                   ToolMessage)
 from podium.protocol.chat import Message as WireMessage
 from podium.protocol.chat import TextPart as WireTextPart
 from podium.render.chat import ChatChunks, ChatFold
-from podium.render.usage import UsageFold
 from podium.settings import Settings
-
-# A chunk would reach the SDKs' callers (``choices[0]`` fails on an empty list); a comment is
-# dropped by every SSE parser, and still restarts the byte-level idle timers (httpx's read
-# timeout, undici's bodyTimeout, proxies') that are what Chat clients have.
-KEEPALIVE_COMMENT = b": keepalive\n\n"
-
 
 class ChatService:
     def __init__(self, engine: Engine, dialect: Dialect, settings: Settings):
@@ -40,64 +32,39 @@ class ChatService:
         self._settings = settings
 
     async def create(self, req: ChatCompletionRequest, *, small: bool = False
-                     ) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        """The folded object, or (``stream``) an iterator of chunks, framed for SSE. Raises
-        before streaming. ``small``: the route found the body small (prepared on the loop)."""
+                     ) -> dict[str, Any] | AsyncGenerator[Any, None]:
+        """The folded object, or (``stream``) an iterator of chunks. Raises before
+        streaming. ``small``: the route found the body small (prepared on the loop)."""
         check_model(req.model, self._engine, self._settings)
         # a request's own template may spend seconds rendering, however small its body
         prepared = await off_loop(self._prepare, req,
                                   inline=small and req.chat_template is None)
         choices = prepared.choices
         start(self._engine, choices)
-        cid, created = new_id("chatcmpl"), int(time.time())
+        head = (new_id("chatcmpl"), int(time.time()), req.model, self._engine.tokenizer,
+                req.logprobs, self._settings.reasoning_field)
         if req.stream:
-            return self._stream(req, choices, cid, created)
-        fold = ChatFold(req.n, self._engine.tokenizer, req.logprobs,
-                        self._settings.reasoning_field)
-        async for index, event in run_choices(self._engine, choices):
-            fold.add(index, event)
-        return fold.result(cid, created, req.model)
+            usage = req.stream_options is not None and req.stream_options.include_usage
+            return drive(self._engine, choices,
+                         ChatChunks(*head, n=req.n, include_usage=bool(usage)),
+                         keepalive=self._settings.stream_keepalive_seconds)
+        return await fold(self._engine, choices, ChatFold(*head, n=req.n))
 
     def _prepare(self, req: ChatCompletionRequest) -> Prepared:
         opts = options(req, self._engine.tokenizer.vocab_size)
         return prepare(self._engine, self._dialect, conversation(req), opts, self._settings)
-
-    async def _stream(self, req: ChatCompletionRequest, choices: list[Choice], cid: str,
-                      created: int) -> AsyncGenerator[bytes, None]:
-        chunks = ChatChunks(cid, created, req.model, self._engine.tokenizer, req.logprobs,
-                            self._settings.reasoning_field)
-        for i in range(len(choices)):
-            yield chunks.role(i)
-        usage = UsageFold(len(choices), len(choices))
-        async for index, event in stream_choices(self._engine, choices,
-                                                 self._settings.stream_keepalive_seconds):
-            if type(event) is KeepAlive:
-                yield KEEPALIVE_COMMENT
-                continue
-            chunk = chunks.event(index, event)
-            if chunk is not None:
-                yield chunk
-            elif isinstance(event, Usage):
-                usage.add(index, event)
-        if req.stream_options is not None and req.stream_options.include_usage:
-            yield chunks.usage(usage)
 
 
 def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true",
                                   param="top_logprobs")
-    fmt = req.response_format
-    response_format = None
-    if fmt is not None and fmt.type != "text":
-        spec = fmt.json_schema or {}
-        if fmt.type == "json_schema" and not isinstance(spec.get("schema"), dict):
-            raise InvalidRequestError("response_format json_schema needs json_schema.schema, "
-                                      "a JSON schema object",
-                                      param="response_format.json_schema")
-        response_format = ResponseFormat(
-            fmt.type, spec.get("schema"), spec.get("name"), spec.get("description"),
-            where="response_format.json_schema.schema", strict=spec.get("strict") is True)
+    fmt, spec = req.response_format, (req.response_format and req.response_format.json_schema
+                                      or {})
+    response_format = common.response_format(
+        fmt and fmt.type, spec.get("schema"), param="response_format.json_schema",
+        schema_param="response_format.json_schema.schema", name=spec.get("name"),
+        description=spec.get("description"), strict=spec.get("strict") is True)
     choice = req.tool_choice
     return Options(
         model=req.model,

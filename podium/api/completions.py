@@ -12,9 +12,8 @@ from typing import Any, AsyncGenerator
 from podium.api.common import sampling_params, stop_strings
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
-from podium.api.chat import KEEPALIVE_COMMENT
-from podium.generation import (Choice, KeepAlive, check_model, choice_seed, new_id, off_loop,
-                               output_budget, run_choices, start, stream_choices)
+from podium.generation import (Choice, check_model, choice_seed, drive, fold, new_id, off_loop,
+                               output_budget, start)
 from podium.protocol.completions import CompletionRequest
 from podium.render.completions import CompletionChunks, CompletionFold, Echo
 from podium.settings import Settings
@@ -33,7 +32,7 @@ class CompletionService:
         self._settings = settings
 
     async def create(self, req: CompletionRequest, *, small: bool = False
-                     ) -> dict[str, Any] | AsyncGenerator[dict | bytes, None]:
+                     ) -> dict[str, Any] | AsyncGenerator[Any, None]:
         engine = self._engine
         check_model(req.model, engine, self._settings)
         _refuse_unsupported(req)
@@ -47,15 +46,13 @@ class CompletionService:
                 choices.append(self._choice(req, p, budget, i))
                 echoes.append(p if req.echo else None)
         start(engine, choices)
-        render_args = (new_id("cmpl"), int(time.time()), req.model)
+        head = (new_id("cmpl"), int(time.time()), req.model, engine.tokenizer, req.logprobs,
+                echoes)
         if req.stream:
-            chunks = CompletionChunks(*render_args, engine.tokenizer, req.logprobs, echoes,
-                                      req.n)
-            return self._stream(req, choices, chunks)
-        fold = CompletionFold(engine.tokenizer, req.logprobs, echoes, req.n)
-        async for index, event in run_choices(engine, choices):
-            fold.add(index, event)
-        return fold.result(*render_args)
+            usage = req.stream_options is not None and req.stream_options.include_usage
+            return drive(engine, choices, CompletionChunks(*head, include_usage=bool(usage)),
+                         n=req.n, keepalive=self._settings.stream_keepalive_seconds)
+        return await fold(engine, choices, CompletionFold(*head), n=req.n)
 
     def _prompts(self, raw: Any) -> list[Prompt]:
         tok = self._engine.tokenizer
@@ -89,18 +86,6 @@ class CompletionService:
                                 prompt_logprobs=req.logprobs if want and req.echo else None)
         return Choice(request, TextStream(TextPipeline(tok, stop_strings(req.stop), want),
                                           prompt_tokens=len(prompt.token_ids)))
-
-    async def _stream(self, req: CompletionRequest, choices: list[Choice],
-                      chunks: CompletionChunks) -> AsyncGenerator[dict | bytes, None]:
-        async for index, event in stream_choices(self._engine, choices,
-                                                 self._settings.stream_keepalive_seconds):
-            if type(event) is KeepAlive:
-                yield KEEPALIVE_COMMENT
-                continue
-            for chunk in chunks.event(index, event):
-                yield chunk
-        if req.stream_options is not None and req.stream_options.include_usage:
-            yield chunks.usage_chunk()
 
 
 def _refuse_unsupported(req: CompletionRequest) -> None:

@@ -32,16 +32,16 @@ import logging
 import secrets
 from typing import Any, AsyncGenerator
 
+from podium.api import common
 from podium.api.sealing import Sealer
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
                                  TextPart, Tool, ToolCall)
 from podium.dialect import Dialect
-from podium.engine.base import Engine, SamplingParams
+from podium.engine.base import Engine
 from podium.errors import ContextLengthExceeded, InvalidRequestError
-from podium.generation import (Choice, KeepAlive, Prepared, check_model, check_options,
-                               off_loop, prepare, start, stream_choices)
+from podium.generation import (Prepared, check_model, check_options, drive, fold, off_loop,
+                               prepare, start)
 from podium.harmony.format import EFFORTS
-from podium.parsing.events import Finish, Usage
 from podium.protocol.messages import CountTokensRequest, MessageParam, MessagesRequest
 from podium.render.messages import MessageBuilder
 from podium.settings import Settings
@@ -71,10 +71,9 @@ class MessagesService:
                                  functools.partial(self._sealer.seal, owner=owner),
                                  omit_thinking=omit)
         if req.stream:
-            return self._stream(builder, choice)
-        async for _ in self._events(builder, choice):
-            pass
-        return builder.message
+            return drive(self._engine, [choice], builder,
+                         keepalive=self._settings.stream_keepalive_seconds)
+        return await fold(self._engine, [choice], builder)
 
     async def count_tokens(self, req: CountTokensRequest, owner: str = NO_OWNER, *,
                            small: bool = False) -> dict[str, Any]:
@@ -98,34 +97,6 @@ class MessagesService:
             # Anthropic's wording, which Claude Code parses to compact its conversation
             raise ContextLengthExceeded(f"prompt is too long: {exc.tokens} tokens > "
                                         f"{exc.limit} maximum", param=exc.param) from None
-
-    # -- running --------------------------------------------------------------------------
-
-    async def _events(self, builder: MessageBuilder, choice: Choice, keepalive: float = 0.0
-                      ) -> AsyncGenerator[dict[str, Any], None]:
-        for event in builder.start():
-            yield event
-        finish: Finish | None = None
-        usage: Usage | None = None
-        async for _, semantic in stream_choices(self._engine, [choice], keepalive):
-            if type(semantic) is KeepAlive:     # Anthropic's keep-alive, for a long prefill
-                yield {"type": "ping"}
-                continue
-            if isinstance(semantic, Finish):
-                finish = semantic
-            elif isinstance(semantic, Usage):
-                usage = semantic
-            else:
-                for out in builder.event(semantic):
-                    yield out
-        for out in builder.finish(finish, usage or Usage(0, 0)):
-            yield out
-
-    async def _stream(self, builder: MessageBuilder, choice: Choice
-                      ) -> AsyncGenerator[dict[str, Any], None]:
-        async for event in self._events(builder, choice,
-                                        self._settings.stream_keepalive_seconds):
-            yield event
 
     # -- translation ----------------------------------------------------------------------
 
@@ -203,16 +174,15 @@ class MessagesService:
         config = req.output_config or {}
         effort = config.get("effort")
         options = Options(
-            model=req.model, sampling=SamplingParams(), tools=tools, tool_choice=choice,
+            model=req.model, sampling=common.sampling(), tools=tools, tool_choice=choice,
             parallel_tool_calls=parallel, thinking=thinking,
             chat_template_kwargs=None if thinking else {"enable_thinking": False},
             reasoning_effort=effort if effort in EFFORTS else None,
             response_format=_format(config.get("format")),
             fit_max_tokens=True, messages_param="messages", max_tokens_param="max_tokens")
         if full is not None:
-            options.sampling = SamplingParams(
-                temperature=1.0 if full.temperature is None else full.temperature,
-                top_p=1.0 if full.top_p is None else full.top_p, top_k=full.top_k or 0)
+            options.sampling = common.sampling(temperature=full.temperature, top_p=full.top_p,
+                                               top_k=full.top_k)
             options.max_tokens = full.max_tokens
             options.stop = [s for s in full.stop_sequences or () if s]
         return options
@@ -243,12 +213,13 @@ def _format(fmt: Any) -> ResponseFormat | None:
     """``output_config.format``: structured output, constrained like Chat's response_format."""
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(
-            fmt.get("schema"), dict):
+    if not isinstance(fmt, dict) or fmt.get("type") is None:
         raise InvalidRequestError("output_config.format must be {\"type\": \"json_schema\", "
                                   "\"schema\": {...}}", param="output_config.format")
-    return ResponseFormat("json_schema", fmt["schema"], fmt.get("name"), fmt.get("description"),
-                          where="output_config.format.schema")
+    return common.response_format(fmt["type"], fmt.get("schema"), param="output_config.format",
+                                  schema_param="output_config.format.schema",
+                                  name=fmt.get("name"), description=fmt.get("description"),
+                                  kinds=("json_schema",))
 
 
 def new_message_id() -> str:

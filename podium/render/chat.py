@@ -1,7 +1,8 @@
 """Semantic events to Chat Completions: stream chunks, and the folded ``chat.completion``.
 
-The non-stream object is the fold of exactly the events the stream renders, so the two
-cannot disagree. A tool call's id, type and name appear once, in its first delta; its
+Two renderers (``render.base``): ``ChatChunks`` for a stream, ``ChatFold`` for the object;
+the object is the fold of exactly the events the stream renders, so the two cannot
+disagree. A tool call's id, type and name appear once, in its first delta; its
 argument deltas concatenate to the final ``arguments``. Reasoning goes to
 ``reasoning_content`` (the field most clients read), ``reasoning``, or both.
 """
@@ -10,61 +11,57 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from podium.engine.base import Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
 from podium.render.logprobs import chat_entry
-from podium.render.usage import UsageFold
+from podium.render.base import HOLE, KEEPALIVE, Filled, Shape
 
 
 def reasoning_fields(field: str) -> tuple[str, ...]:
     return ("reasoning_content", "reasoning") if field == "both" else (field,)
 
 
+def chat_usage(u: Usage) -> dict[str, Any]:
+    """The usage object of Chat Completions and Completions."""
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
 class ChatChunks:
-    """Builds ``chat.completion.chunk`` events, framed for SSE (``data: {...}\n\n`` bytes);
-    every chunk shares id, created and model.
-
-    The per-token chunks (a text or a reasoning delta, no logprobs) are the bytes orjson
-    would make of their dict, written as a pre-encoded template around the encoded text:
-    ``data: {"id":…,"model":…,"choices":[{"index":0,"delta":{"content":`` + text +
-    ``},"logprobs":null,"finish_reason":null}]}``. Every other chunk is its dict, encoded.
-    """
-
-    _TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+    """The stream's renderer: ``chat.completion.chunk`` objects sharing id, created and
+    model. A per-token chunk (a text or a reasoning delta, no logprobs) is a ``Filled``
+    shape, one per choice and delta field, so the encoder writes it from a template."""
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
-                 logprobs: bool, reasoning_field: str = "reasoning_content"):
+                 logprobs: bool, reasoning_field: str = "reasoning_content", *, n: int = 1,
+                 include_usage: bool = False):
         self._head = {"id": completion_id, "object": "chat.completion.chunk",
                       "created": created, "model": model}
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._reasoning = reasoning_fields(reasoning_field)
-        # b'data: {"id":...,"model":"..."' : the head's encoding without its closing brace
-        self._open = b"data: " + orjson.dumps(self._head)[:-1]
-        self._heads: dict[tuple[int, str], bytes] = {}  # (choice, delta field) -> its head
+        self._n = n
+        self._include_usage = include_usage
+        self._shapes: dict[tuple[int, str], Shape] = {}  # (choice, delta field) -> its shape
 
-    def _delta(self, index: int, field: str, text: str) -> bytes:
-        """The chunk whose delta is ``{field: text}``, from its pre-encoded template."""
-        head = self._heads.get((index, field))
-        if head is None:
-            head = self._heads[index, field] = (
-                self._open + b',"choices":[{"index":' + str(index).encode() + b',"delta":{'
-                + orjson.dumps(field) + b":")
-        return head + orjson.dumps(text) + self._TAIL
+    def _delta(self, index: int, field: str, text: str) -> list[Any]:
+        """The chunk whose delta is ``{field: text}``, as its shape filled."""
+        shape = self._shapes.get((index, field))
+        if shape is None:
+            shape = self._shapes[index, field] = Shape(self._chunk(index, {field: HOLE}))
+        return [Filled(shape, text)]
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
-               logprobs: Any = None) -> bytes:
-        return b"data: " + orjson.dumps({**self._head, "choices": [{
-            "index": index, "delta": delta, "logprobs": logprobs,
-            "finish_reason": finish}]}) + b"\n\n"
+               logprobs: Any = None) -> dict[str, Any]:
+        return {**self._head, "choices": [{
+            "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
-    def role(self, index: int) -> bytes:
-        return self._chunk(index, {"role": "assistant", "content": ""})
+    def open(self) -> list[Any]:
+        return [self._chunk(i, {"role": "assistant", "content": ""}) for i in range(self._n)]
 
-    def event(self, index: int, event: Event) -> bytes | None:
+    def event(self, index: int, event: Event) -> list[Any]:
         kind = type(event)
         if kind is TextDelta and not self._logprobs:       # the per-token cases first
             return self._delta(index, "content", event.text)      # type: ignore[union-attr]
@@ -75,24 +72,28 @@ class ChatChunks:
             if self._logprobs:
                 lp = {"content": [chat_entry(self._tokenizer, e) for e in event.logprobs or ()],
                       "refusal": None}
-            return self._chunk(index, {"content": event.text}, logprobs=lp)
+            return [self._chunk(index, {"content": event.text}, logprobs=lp)]
         if isinstance(event, ReasoningDelta):
-            return self._chunk(index, {f: event.text for f in self._reasoning})
+            return [self._chunk(index, {f: event.text for f in self._reasoning})]
         if isinstance(event, ToolCallBegin):
-            return self._chunk(index, {"tool_calls": [{
+            return [self._chunk(index, {"tool_calls": [{
                 "index": event.index, "id": event.id, "type": "function",
-                "function": {"name": event.name, "arguments": ""}}]})
+                "function": {"name": event.name, "arguments": ""}}]})]
         if isinstance(event, ToolCallArgsDelta):
-            return self._chunk(index, {"tool_calls": [{
-                "index": event.index, "function": {"arguments": event.text}}]})
+            return [self._chunk(index, {"tool_calls": [{
+                "index": event.index, "function": {"arguments": event.text}}]})]
         if isinstance(event, Finish):
-            return self._chunk(index, {}, event.reason)
-        return None
+            return [self._chunk(index, {}, event.reason)]
+        return []
 
-    def usage(self, usage: UsageFold) -> bytes:
+    def keepalive(self) -> list[Any]:
+        return [KEEPALIVE]
+
+    def close(self, usage: Usage) -> list[Any]:
         """The last chunk (``stream_options.include_usage``): no choices, the usage."""
-        return b"data: " + orjson.dumps({**self._head, "choices": [],
-                                         "usage": usage.chat()}) + b"\n\n"
+        if not self._include_usage:
+            return []
+        return [{**self._head, "choices": [], "usage": chat_usage(usage)}]
 
 
 class _ChoiceFold:
@@ -107,16 +108,33 @@ class _ChoiceFold:
 
 
 class ChatFold:
-    """Folds the events of every choice into one ``chat.completion`` object."""
+    """The non-stream renderer: folds the events of every choice into one
+    ``chat.completion`` object, and sends nothing."""
 
-    def __init__(self, n: int, tokenizer: Tokenizer, logprobs: bool,
-                 reasoning_field: str = "reasoning_content"):
+    def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
+                 logprobs: bool, reasoning_field: str = "reasoning_content", *, n: int = 1):
+        self._head = {"id": completion_id, "object": "chat.completion", "created": created,
+                      "model": model}
         self._choices = [_ChoiceFold(logprobs) for _ in range(n)]
         self._tokenizer = tokenizer
         self._reasoning = reasoning_fields(reasoning_field)
-        self.usage = UsageFold(n, n)
+        self._usage = Usage(0, 0)
 
-    def add(self, index: int, event: Event) -> None:
+    def open(self) -> list[Any]:
+        return []
+
+    def keepalive(self) -> list[Any]:
+        return []
+
+    def close(self, usage: Usage) -> list[Any]:
+        self._usage = usage
+        return []
+
+    def event(self, index: int, event: Event) -> list[Any]:
+        self._add(index, event)
+        return []
+
+    def _add(self, index: int, event: Event) -> None:
         c = self._choices[index]
         if isinstance(event, TextDelta):
             c.text.append(event.text)
@@ -133,8 +151,6 @@ class ChatFold:
             c.calls[event.index]["function"]["arguments"] = event.arguments
         elif isinstance(event, Finish):
             c.finish = event.reason
-        elif isinstance(event, Usage):
-            self.usage.add(index, event)
 
     def _message(self, c: _ChoiceFold) -> dict[str, Any]:
         text = "".join(c.text)
@@ -147,12 +163,10 @@ class ChatFold:
             message["tool_calls"] = [c.calls[i] for i in sorted(c.calls)]
         return message
 
-    def result(self, completion_id: str, created: int, model: str) -> dict[str, Any]:
+    def result(self) -> dict[str, Any]:
         choices = [{"index": i, "message": self._message(c),
                     "logprobs": ({"content": c.logprobs, "refusal": None}
                                  if c.logprobs is not None else None),
                     "finish_reason": c.finish or "stop"}
                    for i, c in enumerate(self._choices)]
-        return {"id": completion_id, "object": "chat.completion", "created": created,
-                "model": model, "choices": choices,
-                "usage": self.usage.chat()}
+        return {**self._head, "choices": choices, "usage": chat_usage(self._usage)}

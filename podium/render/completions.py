@@ -10,8 +10,9 @@ from typing import Any, Protocol
 
 from podium.engine.base import Tokenizer
 from podium.parsing.events import Event, Finish, PromptLogprobs, TextDelta, Usage
+from podium.render.base import HOLE, KEEPALIVE, Filled, Shape
+from podium.render.chat import chat_usage
 from podium.render.logprobs import LegacyLogprobs
-from podium.render.usage import UsageFold
 
 
 class Echo(Protocol):
@@ -22,12 +23,12 @@ class Echo(Protocol):
 class _Choices:
     """Per-choice state both renderings need: pending echo and running logprobs."""
 
-    def __init__(self, tokenizer: Tokenizer, logprobs: int | None, echoes: list[Echo | None],
-                 n: int = 1):
+    def __init__(self, head: dict[str, Any], tokenizer: Tokenizer, logprobs: int | None,
+                 echoes: list[Echo | None]):
+        self._head = head
         self._echoes = list(echoes)
         self._logprobs = ([LegacyLogprobs(tokenizer) for _ in echoes]
                           if logprobs is not None else None)
-        self.usage = UsageFold(len(echoes), n)
 
     def echo(self, index: int, event: Event) -> str | None:
         """The prompt text to put before this choice's first output (once); the prompt's
@@ -53,18 +54,31 @@ class _Choices:
 
 
 class CompletionChunks(_Choices):
+    """The stream's renderer: ``text_completion`` chunks. A per-token chunk without logprobs
+    is a ``Filled`` shape (one per choice), written by the encoder from a template."""
+
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
-                 logprobs: int | None, echoes: list[Echo | None], n: int = 1):
-        super().__init__(tokenizer, logprobs, echoes, n)
-        self._head = {"id": completion_id, "object": "text_completion", "created": created,
-                      "model": model}
+                 logprobs: int | None, echoes: list[Echo | None], *,
+                 include_usage: bool = False):
+        super().__init__({"id": completion_id, "object": "text_completion",
+                          "created": created, "model": model}, tokenizer, logprobs, echoes)
+        self._include_usage = include_usage
+        self._shapes: dict[int, Shape] = {}
 
     def _chunk(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
         return {**self._head, "choices": [{"index": index, "text": text,
                                            "logprobs": self.take_logprobs(index),
                                            "finish_reason": finish}]}
 
-    def event(self, index: int, event: Event) -> list[dict[str, Any]]:
+    def open(self) -> list[Any]:
+        return []
+
+    def event(self, index: int, event: Event) -> list[Any]:
+        if type(event) is TextDelta and self._logprobs is None and self._echoes[index] is None:
+            shape = self._shapes.get(index)       # the per-token case first
+            if shape is None:
+                shape = self._shapes[index] = Shape(self._chunk(index, HOLE, None))
+            return [Filled(shape, event.text)]
         out = []
         echo = self.echo(index, event)
         if echo is not None:
@@ -74,22 +88,39 @@ class CompletionChunks(_Choices):
             out.append(self._chunk(index, event.text, None))
         elif isinstance(event, Finish):
             out.append(self._chunk(index, "", event.reason))
-        elif isinstance(event, Usage):
-            self.usage.add(index, event)
         return out
 
-    def usage_chunk(self) -> dict[str, Any]:
-        return {**self._head, "choices": [], "usage": self.usage.chat()}
+    def keepalive(self) -> list[Any]:
+        return [KEEPALIVE]
+
+    def close(self, usage: Usage) -> list[Any]:
+        if not self._include_usage:
+            return []
+        return [{**self._head, "choices": [], "usage": chat_usage(usage)}]
 
 
 class CompletionFold(_Choices):
-    def __init__(self, tokenizer: Tokenizer, logprobs: int | None, echoes: list[Echo | None],
-                 n: int = 1):
-        super().__init__(tokenizer, logprobs, echoes, n)
+    """The non-stream renderer: every choice's text folded into one ``text_completion``."""
+
+    def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
+                 logprobs: int | None, echoes: list[Echo | None]):
+        super().__init__({"id": completion_id, "object": "text_completion",
+                          "created": created, "model": model}, tokenizer, logprobs, echoes)
         self._text: list[list[str]] = [[] for _ in echoes]
         self._finish: list[str | None] = [None] * len(echoes)
+        self._usage = Usage(0, 0)
 
-    def add(self, index: int, event: Event) -> None:
+    def open(self) -> list[Any]:
+        return []
+
+    def keepalive(self) -> list[Any]:
+        return []
+
+    def close(self, usage: Usage) -> list[Any]:
+        self._usage = usage
+        return []
+
+    def event(self, index: int, event: Event) -> list[Any]:
         echo = self.echo(index, event)
         if echo is not None:
             self._text[index].append(echo)
@@ -98,14 +129,11 @@ class CompletionFold(_Choices):
             self.add_logprobs(index, event)
         elif isinstance(event, Finish):
             self._finish[index] = event.reason
-        elif isinstance(event, Usage):
-            self.usage.add(index, event)
+        return []
 
-    def result(self, completion_id: str, created: int, model: str) -> dict[str, Any]:
+    def result(self) -> dict[str, Any]:
         choices = [{"index": i, "text": "".join(self._text[i]),
                     "logprobs": self.take_logprobs(i),
                     "finish_reason": self._finish[i] or "stop"}
                    for i in range(len(self._text))]
-        return {"id": completion_id, "object": "text_completion", "created": created,
-                "model": model, "choices": choices,
-                "usage": self.usage.chat()}
+        return {**self._head, "choices": choices, "usage": chat_usage(self._usage)}

@@ -1,8 +1,9 @@
 """Semantic events to Anthropic's Messages API: its stream events, and the ``Message``.
 
-One ``MessageBuilder`` per message. ``start()``, ``event(e)`` and ``finish(...)`` return the
-stream events the new state calls for; ``message`` is the object those same events describe,
-so the non-stream answer is the fold of exactly what a stream would have sent.
+One ``MessageBuilder`` per message, a ``render.base`` renderer: ``open()``, ``event(0, e)`` and
+``close(usage)`` return the stream events the new state calls for; ``result()`` is the
+message those same events describe, so the non-stream answer is the fold of exactly what a
+stream would have sent.
 
 Blocks: one open at a time, indices from 0, each ``content_block_start`` closed by its
 ``content_block_stop``. A ``thinking`` block ends with a ``signature_delta``: its text sealed
@@ -54,12 +55,19 @@ class MessageBuilder:
         self._block: Obj | None = None      # the open block
         self._parts: list[str] = []         # its text (or tool input) so far
         self._called = False
+        self._finish: Finish | None = None
 
-    def start(self) -> list[Obj]:
+    def open(self) -> list[Obj]:
         return [{"type": "message_start", "message": {**self.message, "content": []}},
                 {"type": "ping"}]
 
-    def event(self, event: Event) -> list[Obj]:
+    def keepalive(self) -> list[Obj]:
+        return [{"type": "ping"}]           # Anthropic's own, during a long prefill
+
+    def result(self) -> Obj:
+        return self.message
+
+    def event(self, index: int, event: Event) -> list[Obj]:
         if isinstance(event, TextDelta):
             return self._open("text") + self._delta({"type": "text_delta", "text": event.text},
                                                     event.text)
@@ -82,11 +90,13 @@ class MessageBuilder:
                 events = self._delta({"type": "input_json_delta", "partial_json": rest}, rest)
             self._parts = [event.arguments]
             return events + self._close()
+        if isinstance(event, Finish):
+            self._finish = event
         return []
 
-    def finish(self, finish: Finish | None, usage: Usage) -> list[Obj]:
+    def close(self, usage: Usage) -> list[Obj]:
         events = self._close()
-        reason, sequence = stop_reason(finish, self._called)
+        reason, sequence = stop_reason(self._finish, self._called)
         message = self.message
         message["stop_reason"], message["stop_sequence"] = reason, sequence
         message["usage"] = usage_object(usage)

@@ -1,9 +1,10 @@
 """Semantic events to the Responses API: its stream events, and the response object.
 
-One ``ResponseBuilder`` per response. ``start()``, ``event(e)`` and ``finish(...)`` return the
-stream events the new state calls for (without sequence numbers: ``Sequencer`` stamps those,
-in one place); ``response`` is the object those same events describe, so the non-stream
-answer and the terminal event's ``response`` are the fold of exactly what was streamed.
+One ``ResponseBuilder`` per response, a ``render.base`` renderer: ``open()``, ``event(0, e)``,
+``close(usage)`` (and, between rounds of the model, the MCP methods) return the stream events
+the new state calls for, stamped with their sequence numbers (``Sequencer``, in one place);
+``response`` is the object those same events describe, so the non-stream answer and the
+terminal event's ``response`` are the fold of exactly what was streamed.
 
 Item lifecycles: every ``output_item.added`` gets its ``output_item.done``, every
 ``content_part.added`` its ``content_part.done``; output indices only grow.
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 from podium.engine.base import TokenLogprob, Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
-                                   ToolCallBegin, ToolCallEnd)
+                                   ToolCallBegin, ToolCallEnd, Usage)
 from podium.render.logprobs import FLOOR
 
 Obj = dict[str, Any]
@@ -73,16 +74,54 @@ class ResponseBuilder:
         self._lps: list[Obj] = []       # its logprobs so far
         self.calls: list[tuple[int, Obj]] = []  # MCP calls the model made, not yet run
         self.ends_turn = False          # a call for the client to answer (set per round)
+        self.seq = Sequencer()
+        self._stamp = self.seq.stamp
+        self._round: Finish | None = None   # how the model's current round ended
+        self._last: Finish | None = None    # how its last finished round ended
 
-    # -- lifecycle ----------------------------------------------------------------------
+    # -- the render contract ------------------------------------------------------------
 
-    def start(self, queued: bool = False) -> list[Obj]:
-        first = {"type": "response.queued" if queued else "response.created",
-                 "response": self._snapshot()}
-        return [first] if queued else [first, {"type": "response.in_progress",
-                                               "response": self._snapshot()}]
+    def open(self) -> list[Obj]:
+        return self._stamp([{"type": "response.created", "response": self._snapshot()},
+                            {"type": "response.in_progress", "response": self._snapshot()}])
 
-    def event(self, event: Event) -> list[Obj]:
+    def event(self, index: int, event: Event) -> list[Obj]:
+        if type(event) is Finish:
+            self._round = event
+            return []
+        return self._stamp(self._event(event))
+
+    def keepalive(self) -> list[Obj]:
+        return self._stamp([{"type": "keepalive"}])      # OpenAI's own, during a prefill
+
+    def close(self, usage: Usage) -> list[Obj]:
+        """The terminal event of a response that ran to its end."""
+        return self._stamp(self._finish(self._round or self._last, usage_object(usage)))
+
+    def end(self, usage: Usage, status: str, error: Obj | None) -> list[Obj]:
+        """The terminal event of a response cut short (``failed``, ``cancelled``)."""
+        return self._stamp(self._finish(None, usage_object(usage), status=status, error=error))
+
+    def result(self) -> Obj:
+        return self.response
+
+    def end_round(self) -> list[Obj]:
+        """Close the item still open when a round of the model ends (before its MCP calls,
+        in ``calls``, run: ``mcp_running`` and ``mcp_result`` follow each). A round cut by
+        its token limit may have cut its last item, an MCP call, short: that call is not
+        run (``incomplete``); calls the model went on from are whole."""
+        events = self._close()
+        finish, self._round = self._round, None
+        self._last = finish
+        if (finish is not None and finish.reason == "length" and self.calls
+                and self.calls[-1][0] == self._index()):
+            index, item = self.calls.pop()
+            item["status"] = "incomplete"
+            events.append({"type": "response.output_item.done", "output_index": index,
+                           "item": item})
+        return self._stamp(events)
+
+    def _event(self, event: Event) -> list[Obj]:
         if isinstance(event, TextDelta):
             return self._open("message") + self._text(event)
         if isinstance(event, ReasoningDelta):
@@ -105,8 +144,8 @@ class ResponseBuilder:
             return self._close()
         return []
 
-    def finish(self, finish: Finish | None, usage: Obj | None, *, status: str | None = None,
-               error: Obj | None = None) -> list[Obj]:
+    def _finish(self, finish: Finish | None, usage: Obj | None, *, status: str | None = None,
+                error: Obj | None = None) -> list[Obj]:
         """Close what is open and end the response: the one terminal event. A response cut
         short (failed, cancelled) leaves its open item ``incomplete``."""
         cut = status in ("failed", "cancelled")
@@ -215,13 +254,13 @@ class ResponseBuilder:
         self.response["output"].append(item)
         base = {"item_id": item["id"], "output_index": self._index()}
         outcome = "failed" if item.get("error") else "completed"
-        return events + [
+        return self._stamp(events + [
             {"type": "response.output_item.added", "output_index": self._index(),
              "item": dict(item, tools=[], error=None)},
             {"type": "response.mcp_list_tools.in_progress", **base},
             {"type": f"response.mcp_list_tools.{outcome}", **base},
             {"type": "response.output_item.done", "output_index": self._index(),
-             "item": item}]
+             "item": item}])
 
     def mcp_item(self, item: Obj) -> list[Obj]:
         """An MCP call made before the model runs (an approved one): opened, arguments
@@ -231,41 +270,27 @@ class ResponseBuilder:
         index = self._index()
         self.calls.append((index, item))
         base = {"item_id": item["id"], "output_index": index}
-        return events + [
+        return self._stamp(events + [
             {"type": "response.output_item.added", "output_index": index,
              "item": dict(item, arguments="")},
             {"type": "response.mcp_call_arguments.delta", **base, "delta": item["arguments"]},
             {"type": "response.mcp_call_arguments.done", **base,
-             "arguments": item["arguments"]}]
-
-    def end_round(self) -> list[Obj]:
-        """Close the item still open when a round of the model ends (before its MCP calls,
-        in ``calls``, run: ``mcp_running`` and ``mcp_result`` follow each)."""
-        return self._close()
-
-    def cut_call(self) -> list[Obj]:
-        """A round cut by its token limit: an MCP call that is the round's last item may be
-        cut short, so it is not run (``incomplete``); calls the model went on from are
-        whole."""
-        if not self.calls or self.calls[-1][0] != self._index():
-            return []
-        index, item = self.calls.pop()
-        item["status"] = "incomplete"
-        return [{"type": "response.output_item.done", "output_index": index, "item": item}]
+             "arguments": item["arguments"]}])
 
     def mcp_running(self, index: int, item: Obj) -> list[Obj]:
-        return [{"type": "response.mcp_call.in_progress", "item_id": item["id"],
-                 "output_index": index}]
+        return self._stamp([{"type": "response.mcp_call.in_progress", "item_id": item["id"],
+                             "output_index": index}])
 
     def mcp_result(self, index: int, item: Obj, output: str | None,
                    error: Obj | None) -> list[Obj]:
         self.calls = [(i, c) for i, c in self.calls if i != index]
         item.update(output=output, error=error,
                     status="failed" if error is not None else "completed")
-        return [{"type": "response.mcp_call.failed" if error is not None
-                 else "response.mcp_call.completed", "item_id": item["id"],
-                 "output_index": index},
-                {"type": "response.output_item.done", "output_index": index, "item": item}]
+        return self._stamp([{"type": "response.mcp_call.failed" if error is not None
+                             else "response.mcp_call.completed", "item_id": item["id"],
+                             "output_index": index},
+                            {"type": "response.output_item.done", "output_index": index,
+                             "item": item}])
 
     def _snapshot(self) -> Obj:
         return dict(self.response, output=list(self.response["output"]))
@@ -382,10 +407,10 @@ def _custom_input(arguments: str) -> str:
     return arguments
 
 
-def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int,
-          cached_tokens: int = 0) -> Obj:
-    return {"input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage_object(u: Usage) -> Obj:
+    """The Responses API's usage object."""
+    return {"input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+            "total_tokens": u.prompt_tokens + u.completion_tokens}

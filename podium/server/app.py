@@ -34,7 +34,8 @@ from podium.server.lifecycle import Drain
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
 from podium.server.routing import PodiumRoute, small
-from podium.server.sse import BODY_SEND, SSEResponse
+from podium.server.sse import (BODY_SEND, AnthropicSSE, ChatSSE, Encoder, ResponsesSSE,
+                               SSEResponse)
 from podium.server.watch import unless_gone
 from podium.settings import Settings
 from podium.store.base import NO_OWNER
@@ -67,11 +68,12 @@ def _gauges(engine: Engine, store: SQLStore) -> dict[str, float]:
             "stored_responses": store.count()}
 
 
-def respond(result: dict | AsyncGenerator[Any, None], *, responses_api: bool = False,
-            anthropic: bool = False) -> Response | SSEResponse:
+def respond(result: dict | AsyncGenerator[Any, None], encoder: type[Encoder] = ChatSSE
+            ) -> Response | SSEResponse:
+    """The answer as JSON, or its stream encoded for the API's wire (``encoder``)."""
     if isinstance(result, dict):
         return json_response(result)
-    return SSEResponse(result, responses_api=responses_api, anthropic=anthropic)
+    return SSEResponse(result, encoder())
 
 
 class PodiumApp(FastAPI):
@@ -164,7 +166,7 @@ def _routes(app: FastAPI) -> None:
     @app.post("/v1/responses", responses=_STREAMING)
     async def create_response(body: ResponsesRequest, request: Request):
         return respond(await unless_gone(request, request.app.state.responses.create(
-            body, _owner(request), small=small(request))), responses_api=True)
+            body, _owner(request), small=small(request))), ResponsesSSE)
 
     @app.get("/v1/responses/{response_id}", responses=_STREAMING)
     async def get_response(response_id: str, request: Request, stream: bool = False,
@@ -172,7 +174,7 @@ def _routes(app: FastAPI) -> None:
         service, owner = request.app.state.responses, _owner(request)
         if stream:
             return SSEResponse(await service.stream_existing(response_id, starting_after,
-                                                             owner), responses_api=True)
+                                                             owner), ResponsesSSE())
         return json_response(await service.retrieve(response_id, owner))
 
     @app.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
@@ -197,7 +199,7 @@ def _routes(app: FastAPI) -> None:
     @app.post("/v1/messages", responses=_STREAMING)
     async def messages(body: MessagesRequest, request: Request):
         return respond(await unless_gone(request, request.app.state.messages.create(
-            body, _owner(request), small=small(request))), anthropic=True)
+            body, _owner(request), small=small(request))), AnthropicSSE)
 
     @app.post("/v1/messages/count_tokens", responses=_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request):

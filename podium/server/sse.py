@@ -1,10 +1,12 @@
-"""Server-sent events at the HTTP edge: JSON encoding, framing, errors after the first byte.
+"""Server-sent events at the HTTP edge: the one place objects are encoded and framed.
 
-``SSEResponse`` streams an iterator of JSON-able objects (or events already framed, as
-bytes) as ``data:`` events and ends with
-``data: [DONE]`` (Chat, Completions), or as named events without ``[DONE]`` (Responses,
-Anthropic Messages). Once the 200 has been sent no status can change, so a failure mid-stream
-becomes an in-band ``{"error": ...}`` event, then ``[DONE]``, then the end of the body. A
+A renderer (``render.base``) yields plain objects; an ``Encoder`` per wire format turns each
+into bytes: ``ChatSSE`` frames ``data:`` events and ends with ``data: [DONE]`` (Chat,
+Completions), ``ResponsesSSE`` and ``AnthropicSSE`` frame named events without ``[DONE]``.
+A ``Filled`` object (a per-token chunk) is written from its shape's template, encoded once
+per stream: the token's text is the only JSON encoded per token. ``KEEPALIVE`` is an SSE
+comment. Once the 200 has been sent no status can change, so a failure mid-stream becomes an
+in-band error event in the API's shape, then the end (``[DONE]`` where the API has it). A
 client that goes away cancels the stream at once, which closes the iterator and with it the
 engine request (abort), instead of waiting for the next write to fail.
 """
@@ -20,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from podium.errors import PodiumError, anthropic_body, error_body
+from podium.render.base import HOLE, KEEPALIVE, Filled, Shape
 
 
 class ServerShuttingDown(PodiumError):
@@ -69,19 +72,62 @@ def error_event_frame(exc: BaseException) -> bytes:
                         "param": body["param"], "sequence_number": 0})
 
 
+# A comment: dropped by every SSE parser, yet it restarts the byte-level idle timers
+# (httpx's read timeout, undici's bodyTimeout, proxies') that are what Chat clients have.
+COMMENT = b": keepalive\n\n"
+
+
+class Encoder:
+    """One stream's encoding: objects to framed bytes, and the error that ends it."""
+
+    done = DONE
+    frame = staticmethod(frame)
+    error = staticmethod(error_frame)
+
+    def __init__(self) -> None:
+        self._templates: dict[Shape, tuple[bytes, bytes]] = {}
+
+    def encode(self, obj: Any) -> bytes:
+        if type(obj) is Filled:                 # the per-token case first
+            template = self._templates.get(obj.shape)
+            if template is None:
+                template = self._templates[obj.shape] = self._template(obj.shape)
+            return template[0] + orjson.dumps(obj.text) + template[1]
+        if obj is KEEPALIVE:
+            return COMMENT
+        return self.frame(obj)
+
+    def _template(self, shape: Shape) -> tuple[bytes, bytes]:
+        """The shape's frame, cut where its hole is."""
+        head, hole, tail = self.frame(shape.obj).partition(orjson.dumps(HOLE))
+        assert hole, "a shape has one hole"
+        return head, tail
+
+
+class ChatSSE(Encoder):
+    """Chat Completions and Completions: ``data:`` events, ``data: [DONE]`` last."""
+
+
+class ResponsesSSE(Encoder):
+    """The Responses API: each event named by its type; an ``error`` event; no ``[DONE]``."""
+
+    done = b""
+    frame = staticmethod(named_frame)
+    error = staticmethod(error_event_frame)
+
+
+class AnthropicSSE(ResponsesSSE):
+    """Anthropic Messages: named events; the error in Anthropic's shape."""
+
+    error = staticmethod(anthropic_error_frame)
+
+
 class SSEResponse(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncGenerator[Any, None], *, responses_api: bool = False,
-                 anthropic: bool = False):
-        """``responses_api``: named events, an ``error`` event on failure, no ``[DONE]``;
-        ``anthropic``: the same, the error in Anthropic's shape."""
+    def __init__(self, events: AsyncGenerator[Any, None], encoder: Encoder):
         self._events = events
-        named = responses_api or anthropic
-        self._frame = named_frame if named else frame
-        self._error = (anthropic_error_frame if anthropic else
-                       error_event_frame if responses_api else error_frame)
-        self._done = b"" if named else DONE
+        self._encoder = encoder
         self.status_code = 200
         self.background = None
         self.raw_headers = list(HEADERS)
@@ -118,11 +164,10 @@ class SSEResponse(Response):
             group.cancel_scope.cancel()
 
     async def _stream(self, send: Send) -> None:
-        events, frame = self._events, self._frame
+        events, encode = self._events, self._encoder.encode
         try:
             async for obj in events:
-                await send({"type": "http.response.body",
-                            "body": obj if type(obj) is bytes else frame(obj),
+                await send({"type": "http.response.body", "body": encode(obj),
                             "more_body": True})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             if not isinstance(exc, PodiumError) or exc.status_code >= 500:
@@ -131,11 +176,14 @@ class SSEResponse(Response):
             return
         finally:
             await events.aclose()
-        await send({"type": "http.response.body", "body": self._done, "more_body": False})
+        await send({"type": "http.response.body", "body": self._encoder.done,
+                    "more_body": False})
 
     async def _end(self, send: Send, exc: BaseException) -> None:
-        await send({"type": "http.response.body", "body": self._error(exc), "more_body": True})
-        await send({"type": "http.response.body", "body": self._done, "more_body": False})
+        await send({"type": "http.response.body", "body": self._encoder.error(exc),
+                    "more_body": True})
+        await send({"type": "http.response.body", "body": self._encoder.done,
+                    "more_body": False})
 
 
 async def until_disconnect(receive: Receive) -> None:

@@ -466,7 +466,7 @@ def test_a_lone_surrogate_from_any_parser_never_reaches_orjson():
     from podium.render.messages import MessageBuilder
 
     builder = MessageBuilder("msg_1", SERVED, 3, seal=lambda text: "")
-    builder.event(ToolCallBegin(0, "toolu_1", "get_weather"))
-    builder.event(ToolCallEnd(0, '{"city": "\\ud83c!", "pair": "\\ud83c\\udf0d"}'))
+    builder.event(0, ToolCallBegin(0, "toolu_1", "get_weather"))
+    builder.event(0, ToolCallEnd(0, '{"city": "\\ud83c!", "pair": "\\ud83c\\udf0d"}'))
     assert builder.message["content"][0]["input"] == {"city": "\ufffd!", "pair": "🌍"}
     orjson.dumps(builder.message)

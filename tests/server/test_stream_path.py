@@ -71,16 +71,22 @@ def _as_dict_chunk(cid, model, index, delta):
 @given(text=st.text(), model=st.text(min_size=1, max_size=30), index=st.integers(0, 12),
        field=st.sampled_from(["reasoning_content", "reasoning"]))
 def test_template_chunks_are_the_bytes_of_their_dicts(tokenizer, text, model, index, field):
-    """The pre-encoded per-token chunks equal orjson's encoding of the chunk's dict, byte for
-    byte, whatever the text (quotes, control characters, non-ASCII) and the model's name."""
+    """The per-token chunks, written by the encoder from their shape's template, equal
+    orjson's encoding of the chunk's dict, byte for byte, whatever the text (quotes, control
+    characters, non-ASCII) and the model's name."""
     from podium.parsing.events import ReasoningDelta, TextDelta
     from podium.render.chat import ChatChunks
+    from podium.server.sse import ChatSSE
 
-    chunks = ChatChunks("chatcmpl-x\"y", 1700000000, model, tokenizer, False, field)
-    assert chunks.event(index, TextDelta(text)) == _as_dict_chunk(
-        "chatcmpl-x\"y", model, index, {"content": text})
-    assert chunks.event(index, ReasoningDelta(text)) == _as_dict_chunk(
-        "chatcmpl-x\"y", model, index, {field: text})
+    chunks, encoder = ChatChunks("chatcmpl-x\"y", 1700000000, model, tokenizer, False,
+                                 field), ChatSSE()
+    for _ in range(2):                  # the template is made once, then used
+        [text_chunk] = chunks.event(index, TextDelta(text))
+        assert encoder.encode(text_chunk) == _as_dict_chunk(
+            "chatcmpl-x\"y", model, index, {"content": text})
+        [reasoning_chunk] = chunks.event(index, ReasoningDelta(text))
+        assert encoder.encode(reasoning_chunk) == _as_dict_chunk(
+            "chatcmpl-x\"y", model, index, {field: text})
 
 
 def test_a_small_request_is_prepared_on_the_loop_a_big_one_on_a_worker(scripted, client_for):
@@ -111,7 +117,7 @@ def test_a_response_with_stored_history_is_prepared_on_a_worker(scripted, client
     """The stored history behind ``previous_response_id`` can be any size, whatever the body's."""
     import threading
 
-    from podium.api.responses import service as responses_service
+    from podium.api.responses import planner as responses_service
 
     client = client_for(scripted(["Hi"]))
     where: list[str] = []

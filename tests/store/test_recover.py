@@ -7,7 +7,7 @@ import pytest
 
 from podium.api.responses.translate import ClientTool
 from podium.parsing.events import (Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
-                                   ToolCallBegin, ToolCallEnd)
+                                   ToolCallBegin, ToolCallEnd, Usage)
 from podium.render.responses import ResponseBuilder, Sequencer, recover, response_skeleton
 from tests.server.responses_check import check_stream
 
@@ -23,8 +23,7 @@ def logged_stream() -> tuple[list[dict], list[dict]]:
     builder = ResponseBuilder(response_skeleton(id="resp_1", created_at=0.0, model="m"), None,
                               client_tool=tools.__getitem__,
                               new_id=lambda prefix: f"{prefix}_{next(counter)}")
-    seq = Sequencer()
-    events = seq.stamp(builder.start())
+    events = builder.open()
     for e in [ReasoningDelta("Need "), ReasoningDelta("the weather."),
               TextDelta("It is "), TextDelta("sunny "), TextDelta("in Paris."),
               ToolCallBegin(0, "call_1", "get_weather"), ToolCallArgsDelta(0, '{"city": '),
@@ -32,8 +31,9 @@ def logged_stream() -> tuple[list[dict], list[dict]]:
               ToolCallBegin(1, "call_2", "apply_patch"),
               ToolCallArgsDelta(1, '{"input": "*** patch"}'),
               ToolCallEnd(1, '{"input": "*** patch"}')]:
-        events += seq.stamp(builder.event(e))
-    events += seq.stamp(builder.finish(Finish("tool_calls", 12), None))
+        events += builder.event(0, e)
+    builder.event(0, Finish("tool_calls", 12))
+    events += builder.close(Usage(3, 12))
     return events, builder.response["output"]
 
 

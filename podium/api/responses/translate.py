@@ -20,11 +20,11 @@ from typing import Any, Iterable
 
 from pydantic import TypeAdapter, ValidationError
 
+from podium.api import common
 from podium.api.responses.mcp import error_text
 from podium.api.sealing import Sealer
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
                                  Role, TextPart, Tool, ToolCall)
-from podium.engine.base import SamplingParams
 from podium.errors import InvalidRequestError
 from podium.protocol.chat import TOOL_NAME_PATTERN
 from podium.protocol.responses import InputItem, ResponsesRequest
@@ -343,8 +343,7 @@ def to_options(req: ResponsesRequest, tools: ToolMap) -> Options:
                                   param="reasoning.effort")
     return Options(
         model=req.model,
-        sampling=SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
-                                top_p=1.0 if req.top_p is None else req.top_p),
+        sampling=common.sampling(temperature=req.temperature, top_p=req.top_p),
         max_tokens=req.max_output_tokens,
         seed=req.seed,
         logprobs=((req.top_logprobs or 0) if "message.output_text.logprobs" in include
@@ -363,19 +362,12 @@ def response_format(fmt: Any) -> ResponseFormat | None:
     if fmt is not None and not isinstance(fmt, dict):
         raise InvalidRequestError("text.format must be an object such as {\"type\": "
                                   "\"json_object\"}", param="text.format")
-    if not fmt or fmt.get("type") in (None, "text"):
-        return None
-    if fmt["type"] == "json_object":
-        return ResponseFormat("json_object", where="text.format")
-    if fmt["type"] == "json_schema":
-        if not isinstance(fmt.get("schema"), dict):
-            raise InvalidRequestError("text.format json_schema needs schema, a JSON schema "
-                                      "object", param="text.format")
-        return ResponseFormat("json_schema", fmt["schema"], fmt.get("name", "output"),
-                              fmt.get("description"), where="text.format.schema",
-                              strict=fmt.get("strict") is True)
-    raise InvalidRequestError(f"text.format of type {fmt['type']!r} is not supported",
-                              param="text.format")
+    fmt = fmt or {}
+    return common.response_format(fmt.get("type"), fmt.get("schema"), param="text.format",
+                                  schema_param="text.format.schema",
+                                  name=fmt.get("name", "output"),
+                                  description=fmt.get("description"),
+                                  strict=fmt.get("strict") is True)
 
 
 def skeleton(req: ResponsesRequest) -> dict[str, Any]:
