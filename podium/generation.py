@@ -270,11 +270,11 @@ async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Rend
         if index == 0:
             record.prompt(len(choice.request.prompt_token_ids))
     stream = choice.stream
-    feed, render = stream.feed, renderer.event
+    feed, render, step = stream.feed, renderer.event, outputs.__anext__
     out: EngineOutput | None = None
     try:
         if keepalive > 0:
-            first = asyncio.ensure_future(outputs.__anext__())
+            first = asyncio.ensure_future(step())
             try:
                 while not (await asyncio.wait((first,), timeout=keepalive))[0]:
                     for obj in renderer.keepalive():
@@ -290,7 +290,7 @@ async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Rend
         while True:
             if out is None:
                 try:
-                    out = await outputs.__anext__()
+                    out = await step()
                 except StopAsyncIteration:
                     break
             if out.token_ids:

@@ -16,9 +16,9 @@ the consumer stops):
   non-stream answer.
 
 A renderer returns plain objects; framing and encoding (SSE, and next NDJSON) happen at the
-server's edge (``server/sse.py``). A per-token object may be a ``Filled``: one string put
-into a ``Shape`` whose encoding the encoder computes once, so the hot path encodes the string
-alone. Renderers know nothing of bytes.
+server's edge (``server/sse.py``). A per-token object may be ``Filled``, a pair of a
+``Shape`` and the string that fills its hole: the encoder encodes the shape once, so the hot
+path encodes the string alone. Renderers know nothing of bytes.
 """
 
 from __future__ import annotations
@@ -43,18 +43,15 @@ class Shape:
         self.obj = obj
 
 
-@final
-class Filled:
-    """The object of ``shape`` with ``text`` in its hole."""
+# A ``Shape`` with its hole filled: a plain pair, the cheapest object to make per token
+Filled = tuple[Shape, str]
 
-    __slots__ = ("shape", "text")
 
-    def __init__(self, shape: Shape, text: str):
-        self.shape, self.text = shape, text
-
-    def value(self) -> dict[str, Any]:
-        """The whole object (what an encoder without templates, or a test, reads)."""
-        return _fill(self.shape.obj, self.text)
+def filled(obj: Filled) -> dict[str, Any]:
+    """The whole object of a filled shape (what an encoder without templates, or a test,
+    reads)."""
+    shape, text = obj
+    return _fill(shape.obj, text)
 
 
 def _fill(obj: Any, text: str) -> Any:

@@ -15,7 +15,7 @@ from podium.engine.base import Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
 from podium.render.logprobs import chat_entry
-from podium.render.base import HOLE, KEEPALIVE, Filled, Shape
+from podium.render.base import HOLE, KEEPALIVE, Shape
 
 
 def reasoning_fields(field: str) -> tuple[str, ...]:
@@ -31,8 +31,9 @@ def chat_usage(u: Usage) -> dict[str, Any]:
 
 class ChatChunks:
     """The stream's renderer: ``chat.completion.chunk`` objects sharing id, created and
-    model. A per-token chunk (a text or a reasoning delta, no logprobs) is a ``Filled``
-    shape, one per choice and delta field, so the encoder writes it from a template."""
+    model. A per-token chunk (a text or a reasoning delta, no logprobs) is ``Filled``: its
+    choice's text or reasoning shape and the text, which the encoder writes from a
+    template."""
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: bool, reasoning_field: str = "reasoning_content", *, n: int = 1,
@@ -44,14 +45,9 @@ class ChatChunks:
         self._reasoning = reasoning_fields(reasoning_field)
         self._n = n
         self._include_usage = include_usage
-        self._shapes: dict[tuple[int, str], Shape] = {}  # (choice, delta field) -> its shape
-
-    def _delta(self, index: int, field: str, text: str) -> list[Any]:
-        """The chunk whose delta is ``{field: text}``, as its shape filled."""
-        shape = self._shapes.get((index, field))
-        if shape is None:
-            shape = self._shapes[index, field] = Shape(self._chunk(index, {field: HOLE}))
-        return [Filled(shape, text)]
+        # per choice, the shapes of its text and reasoning chunks
+        self._text = [Shape(self._chunk(i, {"content": HOLE})) for i in range(n)]
+        self._thought = [Shape(self._chunk(i, {self._reasoning[0]: HOLE})) for i in range(n)]
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
                logprobs: Any = None) -> dict[str, Any]:
@@ -64,9 +60,9 @@ class ChatChunks:
     def event(self, index: int, event: Event) -> list[Any]:
         kind = type(event)
         if kind is TextDelta and not self._logprobs:       # the per-token cases first
-            return self._delta(index, "content", event.text)      # type: ignore[union-attr]
+            return [(self._text[index], event.text)]       # type: ignore[union-attr]
         if kind is ReasoningDelta and len(self._reasoning) == 1:
-            return self._delta(index, self._reasoning[0], event.text)  # type: ignore[union-attr]
+            return [(self._thought[index], event.text)]    # type: ignore[union-attr]
         if isinstance(event, TextDelta):
             lp = None
             if self._logprobs:

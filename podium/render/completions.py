@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from podium.engine.base import Tokenizer
 from podium.parsing.events import Event, Finish, PromptLogprobs, TextDelta, Usage
-from podium.render.base import HOLE, KEEPALIVE, Filled, Shape
+from podium.render.base import HOLE, KEEPALIVE, Shape
 from podium.render.chat import chat_usage
 from podium.render.logprobs import LegacyLogprobs
 
@@ -55,7 +55,7 @@ class _Choices:
 
 class CompletionChunks(_Choices):
     """The stream's renderer: ``text_completion`` chunks. A per-token chunk without logprobs
-    is a ``Filled`` shape (one per choice), written by the encoder from a template."""
+    is ``Filled`` (its choice's shape and the text), written by the encoder from a template."""
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: int | None, echoes: list[Echo | None], *,
@@ -78,7 +78,7 @@ class CompletionChunks(_Choices):
             shape = self._shapes.get(index)       # the per-token case first
             if shape is None:
                 shape = self._shapes[index] = Shape(self._chunk(index, HOLE, None))
-            return [Filled(shape, event.text)]
+            return [(shape, event.text)]
         out = []
         echo = self.echo(index, event)
         if echo is not None:

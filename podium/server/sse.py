@@ -3,8 +3,8 @@
 A renderer (``render.base``) yields plain objects; an ``Encoder`` per wire format turns each
 into bytes: ``ChatSSE`` frames ``data:`` events and ends with ``data: [DONE]`` (Chat,
 Completions), ``ResponsesSSE`` and ``AnthropicSSE`` frame named events without ``[DONE]``.
-A ``Filled`` object (a per-token chunk) is written from its shape's template, encoded once
-per stream: the token's text is the only JSON encoded per token. ``KEEPALIVE`` is an SSE
+A ``Filled`` pair (a per-token chunk: a ``Shape`` and its text) is written from the shape's
+template, encoded once per stream: the token's text is the only JSON encoded per token. ``KEEPALIVE`` is an SSE
 comment. Once the 200 has been sent no status can change, so a failure mid-stream becomes an
 in-band error event in the API's shape, then the end (``[DONE]`` where the API has it). A
 client that goes away cancels the stream at once, which closes the iterator and with it the
@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from podium.errors import PodiumError, anthropic_body, error_body
-from podium.render.base import HOLE, KEEPALIVE, Filled, Shape
+from podium.render.base import HOLE, KEEPALIVE, Shape
 
 
 class ServerShuttingDown(PodiumError):
@@ -88,11 +88,12 @@ class Encoder:
         self._templates: dict[Shape, tuple[bytes, bytes]] = {}
 
     def encode(self, obj: Any) -> bytes:
-        if type(obj) is Filled:                 # the per-token case first
-            template = self._templates.get(obj.shape)
+        if type(obj) is tuple:                  # Filled, the per-token case, first
+            shape, text = obj
+            template = self._templates.get(shape)
             if template is None:
-                template = self._templates[obj.shape] = self._template(obj.shape)
-            return template[0] + orjson.dumps(obj.text) + template[1]
+                template = self._templates[shape] = self._template(shape)
+            return template[0] + orjson.dumps(text) + template[1]
         if obj is KEEPALIVE:
             return COMMENT
         return self.frame(obj)

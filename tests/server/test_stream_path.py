@@ -79,7 +79,7 @@ def test_template_chunks_are_the_bytes_of_their_dicts(tokenizer, text, model, in
     from podium.server.sse import ChatSSE
 
     chunks, encoder = ChatChunks("chatcmpl-x\"y", 1700000000, model, tokenizer, False,
-                                 field), ChatSSE()
+                                 field, n=index + 1), ChatSSE()
     for _ in range(2):                  # the template is made once, then used
         [text_chunk] = chunks.event(index, TextDelta(text))
         assert encoder.encode(text_chunk) == _as_dict_chunk(
