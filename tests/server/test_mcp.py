@@ -318,6 +318,33 @@ def test_the_loop_runs_until_the_model_answers(app, mcp_url):
     assert body["usage"]["input_tokens"] == sum(len(r.prompt_token_ids) for r in rounds)
 
 
+def test_each_round_extends_the_translation_of_the_history(app, mcp_url, monkeypatch):
+    """The next round of the model after an MCP round extends the conversation already
+    translated: the stored history and the input are translated once per response, not
+    once per round (each round translates only the output that followed)."""
+    from podium.api.responses import translate
+
+    c = app([call("add", a=1, b=2), "3.", call("add", a=2, b=2), call("echo", text="4"),
+             "Done."])
+    first = c.post(URL, json=ask(mcp_url)).json()
+    translated: list[str] = []
+    add = translate.Translation.add
+
+    def counting(self, items, wheres):
+        translated.extend(wheres)
+        return add(self, items, wheres)
+
+    monkeypatch.setattr(translate.Translation, "add", counting)
+    body = c.post(URL, json={"model": SERVED, "previous_response_id": first["id"],
+                             "input": "And 2 + 2?", "tools": [tool(mcp_url)]}).json()
+    assert [i["type"] for i in body["output"]] == ["mcp_call", "mcp_call", "message"]
+    history = [w for w in translated if w == "previous_response_id"]
+    assert len(history) == 1 + len(first["output"])     # the first turn's items, once
+    assert translated.count("input[0]") == 1
+    # rounds two and three translate the output so far: one call, then two
+    assert translated.count("output") == 1 + 2
+
+
 def test_max_tool_calls_stops_the_calls(app, mcp_url):
     c = app([call("add", a=1, b=2), call("add", a=3, b=4), "Stopped."])
     body = c.post(URL, json=ask(mcp_url, max_tool_calls=1)).json()

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from podium.api.responses import mcp
 from podium.api.responses.runner import Plan
-from podium.api.responses.translate import (ToolMap, as_input, new_item_id, normalize_input,
-                                            skeleton, to_conversation, to_options, turn_starts)
+from podium.api.responses.translate import (ToolMap, Translation, as_input, new_item_id,
+                                            normalize_input, skeleton, to_conversation,
+                                            to_options, turn_starts)
 from podium.api.sealing import Sealer
 from podium.conversation import Options
 from podium.dialect import Dialect
@@ -38,14 +39,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Rounds:
-    """What the next round of the model is planned from."""
+    """What every round of the model is planned from: the history and this request's items,
+    translated once (``base``); each round extends that translation by what followed."""
 
     req: ResponsesRequest
-    items: list[dict[str, Any]]         # the history and this request's items
+    items: list[dict[str, Any]]
     wheres: list[str]
     tools: ToolMap
     options: Options
     owner: str
+    base: Translation | None = None
 
 
 class Planner:
@@ -87,9 +90,10 @@ class Planner:
                     "An approved MCP call needs its mcp tool in tools", param="tools")
             options = to_options(req, tools)
             wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
-            prepared = await off_loop(self._prepare_fitting, req, history + items + approved,
-                                      wheres + ["input"] * len(approved), tools, options,
-                                      owner, inline=small and not history and sessions is None)
+            rounds = _Rounds(req, history + items, wheres, tools, options, owner)
+            prepared = await off_loop(self._prepare_fitting, rounds, options, approved,
+                                      ["input"] * len(approved),
+                                      inline=small and not history and sessions is None)
         except BaseException:
             if sessions is not None:
                 await sessions.close()
@@ -99,8 +103,7 @@ class Planner:
                     None if approved else prepared.choices[0], tools, options.logprobs,
                     "reasoning.encrypted_content" in set(req.include or ()), mcp=sessions,
                     listings=listings, approved=approved,
-                    max_tool_calls=req.max_tool_calls, owner=owner,
-                    rounds=_Rounds(req, history + items, wheres, tools, options, owner))
+                    max_tool_calls=req.max_tool_calls, owner=owner, rounds=rounds)
 
     async def again(self, plan: Plan, output: list[dict[str, Any]], quiet: bool) -> Choice:
         """The model's next round (queued), on the conversation extended by ``output``, the
@@ -108,9 +111,8 @@ class Planner:
         rounds = plan.rounds
         options = dataclasses.replace(rounds.options, tool_choice="none" if quiet else "auto")
         done = as_input(output)
-        following = await off_loop(self._prepare_fitting, rounds.req, rounds.items + done,
-                                   rounds.wheres + ["output"] * len(done), rounds.tools,
-                                   options, rounds.owner)   # with the model's output: a worker
+        following = await off_loop(self._prepare_fitting, rounds, options, done,
+                                   ["output"] * len(done))  # with the model's output: a worker
         start(self._engine, [following.choices[0]])
         return following.choices[0]
 
@@ -184,24 +186,33 @@ class Planner:
 
     def _prepare(self, req: ResponsesRequest, items: list[dict[str, Any]], wheres: list[str],
                  tools: ToolMap, options: Options, owner: str) -> Prepared:
-        """The conversation rendered and tokenized (on a worker thread: see ``off_loop``)."""
-        if not items:
-            raise InvalidRequestError("input is empty: give at least one item", param="input")
+        """The conversation of ``items`` rendered and tokenized (on a worker thread: see
+        ``off_loop``)."""
         conversation = to_conversation(req.instructions, items, wheres, tools, self._sealer,
                                        owner)
         return prepare(self._engine, self._dialect, conversation, options, self._settings)
 
-    def _prepare_fitting(self, req: ResponsesRequest, items: list[dict[str, Any]],
-                         wheres: list[str], tools: ToolMap, options: Options,
-                         owner: str) -> Prepared:
-        """``_prepare`` of the whole conversation or, with ``truncation: "auto"``, of the
-        longest tail of whole turns that fits the context.
+    def _prepare_fitting(self, rounds: _Rounds, options: Options, extra: list[dict[str, Any]],
+                         extra_wheres: list[str]) -> Prepared:
+        """The conversation (``rounds``' items, then ``extra``) rendered and tokenized or,
+        with ``truncation: "auto"``, the longest tail of whole turns that fits the context.
 
-        Shorter tails never need more tokens, so the cut is found by bisection over the turn
-        boundaries: a few renders for any length of history, not one per dropped turn.
+        The whole conversation extends the translation of ``rounds``' items, made once for
+        every round of the response. Shorter tails never need more tokens, so the cut is
+        found by bisection over the turn boundaries: a few renders for any length of
+        history, not one per dropped turn.
         """
+        req, tools, owner = rounds.req, rounds.tools, rounds.owner
+        items, wheres = rounds.items + extra, rounds.wheres + extra_wheres
+        if not items:
+            raise InvalidRequestError("input is empty: give at least one item", param="input")
+        if rounds.base is None:
+            rounds.base = Translation(req.instructions, tools, self._sealer, owner,
+                                      rounds.items)
+            rounds.base.add(rounds.items, rounds.wheres)
         try:
-            return self._prepare(req, items, wheres, tools, options, owner)
+            return prepare(self._engine, self._dialect, rounds.base.extended(extra, extra_wheres),
+                           options, self._settings)
         except ContextLengthExceeded:
             cuts = turn_starts(items)
             if req.truncation != "auto" or len(cuts) == 1:

@@ -10,6 +10,7 @@ Every error names the Responses request's own parameter (``input[2].content``,
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import re
@@ -238,87 +239,126 @@ def to_conversation(instructions: str | None, items: list[dict[str, Any]], where
     """The conversation of ``items`` (the whole of it, oldest first); ``wheres[i]`` is the
     request's parameter for item i (``input[k]``, or ``previous_response_id`` for items of
     the stored conversation); sealed reasoning opens for ``owner`` alone."""
-    messages: list[Message] = []
-    known_calls: set[str] = set()
-    closed: set[int] = set()        # assistant messages a tool output followed
-    reasoning: Reasoning | None = None
+    translation = Translation(instructions, tools, sealer, owner, items)
+    translation.add(items, wheres)
+    return translation.conversation()
 
-    def attach(call: ToolCall, where: str) -> None:
+
+class Translation:
+    """Items to messages, in order, extendable: the next round of the model after an MCP
+    round is the same translation ``extended`` by the response's output, the history not
+    translated again. ``answering`` holds the items whose approvals decide which approval
+    requests the model waited for (a request never answered is left out)."""
+
+    def __init__(self, instructions: str | None, tools: ToolMap, sealer: Sealer, owner: str,
+                 answering: list[dict[str, Any]]):
+        self._instructions = instructions
+        self._tools, self._sealer, self._owner = tools, sealer, owner
+        self._messages: list[Message] = []
+        self._known_calls: set[str] = set()
+        self._closed: set[int] = set()      # assistant messages a tool output followed
+        self._reasoning: Reasoning | None = None
+        self._results: list[Message] = []   # outputs of the MCP calls just made
+        self._answered = {item["approval_request_id"] for item in answering
+                          if item["type"] in ("mcp_approval_response", "mcp_call")
+                          and item.get("approval_request_id")}
+
+    def extended(self, items: list[dict[str, Any]], wheres: list[str]) -> Conversation:
+        """The conversation of this translation's items followed by ``items``; this one
+        is left as it was."""
+        other = copy.copy(self)
+        other._messages = list(self._messages)
+        other._known_calls, other._closed = set(self._known_calls), set(self._closed)
+        other._results = list(self._results)
+        if other._messages:             # the one message later items may change
+            last = other._messages[-1] = copy.copy(self._messages[-1])
+            last.tool_calls = list(last.tool_calls)
+            if id(self._messages[-1]) in self._closed:
+                other._closed.add(id(last))
+        other.add(items, wheres)
+        return other.conversation()
+
+    def conversation(self) -> Conversation:
+        return Conversation(self._messages + self._results, self._instructions or None)
+
+    def _attach(self, call: ToolCall, where: str) -> None:
         """A call joins the assistant message it follows (a new one after a tool output),
         taking the reasoning that came before it."""
-        nonlocal reasoning
+        messages = self._messages
         last = messages[-1] if messages else None
-        if last is None or last.role != "assistant" or id(last) in closed:
+        if last is None or last.role != "assistant" or id(last) in self._closed:
             last = Message("assistant", [], where, empty=True)
             messages.append(last)
-        if reasoning is not None:
-            last.reasoning, reasoning = reasoning, None
+        if self._reasoning is not None:
+            last.reasoning, self._reasoning = self._reasoning, None
         last.tool_calls.append(call)
-        known_calls.add(call.id)
-    results: list[Message] = []     # outputs of the MCP calls just made, after their calls
-    answered = {item["approval_request_id"]: item for item in items
-                if item["type"] in ("mcp_approval_response", "mcp_call")
-                and item.get("approval_request_id")}
-    for i, item in enumerate(items):
-        where, kind = wheres[i], item["type"]
-        if kind in ("mcp_call", "mcp_approval_request"):
-            request = kind == "mcp_approval_request"
-            if request and item["id"] not in answered:
-                continue            # never answered: the model did not wait for it
-            call_id = item.get("approval_request_id") or item["id"]
-            if not request and item.get("approval_request_id") and call_id in known_calls:
-                pass                # approved: its request made the call
-            else:
-                attach(ToolCall(call_id, item["name"], item["arguments"]), where)
-            if not request:
-                text = item.get("output")
-                if text is None:
-                    text = error_text(item.get("error") or {})
-                results.append(Message("tool", [TextPart(text)], where, tool_call_id=call_id))
-            continue
-        if kind == "mcp_approval_response":
-            if item["approve"]:
-                continue            # the mcp_call that follows holds the output
-            if item["approval_request_id"] not in known_calls:
-                raise InvalidRequestError(
-                    f"No mcp_approval_request with id {item['approval_request_id']!r} "
-                    f"precedes this response", param=f"{where}.approval_request_id")
-            reason = f": {item['reason']}" if item.get("reason") else ""
-            results.append(Message("tool", [TextPart(f"The user denied this call{reason}")],
-                                   where, tool_call_id=item["approval_request_id"]))
-            continue
-        if kind == "mcp_list_tools":
-            continue
-        if results:
-            if messages and messages[-1].role == "assistant":
-                closed.add(id(messages[-1]))
-            messages += results
-            results = []
-        if kind == "message":
-            role: Role = "system" if item["role"] == "developer" else item["role"]
-            message = Message(role, _parts(item["content"], where), where)
-            if role == "assistant" and reasoning is not None:
-                message.reasoning, reasoning = reasoning, None
-            messages.append(message)
-        elif kind == "reasoning":
-            reasoning = _reasoning(item, sealer, owner, where)
-        elif kind in ("function_call", "custom_tool_call"):
-            arguments = (item["arguments"] if kind == "function_call"
-                         else json.dumps({"input": item["input"]}, ensure_ascii=False))
-            attach(ToolCall(item["call_id"], tools.model_name(item["name"], item.get("namespace")),
-                            arguments), where)
-        else:   # a call's output
-            if item["call_id"] not in known_calls:
-                raise InvalidRequestError(
-                    f"No tool call with call_id {item['call_id']!r} precedes this output",
-                    param=f"{where}.call_id")
-            if messages and messages[-1].role == "assistant":
-                closed.add(id(messages[-1]))
-            messages.append(Message("tool", _parts(item["output"], where, "output"), where,
-                                    tool_call_id=item["call_id"]))
-    if results:
-        messages += results
-    return Conversation(messages, instructions or None)
+        self._known_calls.add(call.id)
+
+    def _close_last(self) -> None:
+        if self._messages and self._messages[-1].role == "assistant":
+            self._closed.add(id(self._messages[-1]))
+
+    def add(self, items: list[dict[str, Any]], wheres: list[str]) -> None:
+        messages, known_calls = self._messages, self._known_calls
+        for i, item in enumerate(items):
+            where, kind = wheres[i], item["type"]
+            if kind in ("mcp_call", "mcp_approval_request"):
+                request = kind == "mcp_approval_request"
+                if request and item["id"] not in self._answered:
+                    continue            # never answered: the model did not wait for it
+                call_id = item.get("approval_request_id") or item["id"]
+                if not request and item.get("approval_request_id") and call_id in known_calls:
+                    pass                # approved: its request made the call
+                else:
+                    self._attach(ToolCall(call_id, item["name"], item["arguments"]), where)
+                if not request:
+                    text = item.get("output")
+                    if text is None:
+                        text = error_text(item.get("error") or {})
+                    self._results.append(Message("tool", [TextPart(text)], where,
+                                                 tool_call_id=call_id))
+                continue
+            if kind == "mcp_approval_response":
+                if item["approve"]:
+                    continue            # the mcp_call that follows holds the output
+                if item["approval_request_id"] not in known_calls:
+                    raise InvalidRequestError(
+                        f"No mcp_approval_request with id {item['approval_request_id']!r} "
+                        f"precedes this response", param=f"{where}.approval_request_id")
+                reason = f": {item['reason']}" if item.get("reason") else ""
+                self._results.append(Message(
+                    "tool", [TextPart(f"The user denied this call{reason}")], where,
+                    tool_call_id=item["approval_request_id"]))
+                continue
+            if kind == "mcp_list_tools":
+                continue
+            if self._results:
+                self._close_last()
+                messages += self._results
+                self._results = []
+            if kind == "message":
+                role: Role = "system" if item["role"] == "developer" else item["role"]
+                message = Message(role, _parts(item["content"], where), where)
+                if role == "assistant" and self._reasoning is not None:
+                    message.reasoning, self._reasoning = self._reasoning, None
+                messages.append(message)
+            elif kind == "reasoning":
+                self._reasoning = _reasoning(item, self._sealer, self._owner, where)
+            elif kind in ("function_call", "custom_tool_call"):
+                arguments = (item["arguments"] if kind == "function_call"
+                             else json.dumps({"input": item["input"]}, ensure_ascii=False))
+                self._attach(ToolCall(item["call_id"],
+                                      self._tools.model_name(item["name"],
+                                                             item.get("namespace")),
+                                      arguments), where)
+            else:   # a call's output
+                if item["call_id"] not in known_calls:
+                    raise InvalidRequestError(
+                        f"No tool call with call_id {item['call_id']!r} precedes this output",
+                        param=f"{where}.call_id")
+                self._close_last()
+                messages.append(Message("tool", _parts(item["output"], where, "output"), where,
+                                        tool_call_id=item["call_id"]))
 
 
 def _reasoning(item: dict[str, Any], sealer: Sealer, owner: str, where: str
