@@ -33,6 +33,10 @@ class OutputParser:
             tools.add_markup(reasoning.close_tag)
 
     def feed(self, events: list[Event]) -> list[Event]:
+        if len(events) == 1:
+            event = events[0]
+            if type(event) is TextDelta and not event.logprobs:
+                return self.text(event.text)    # the common step: one token's raw text
         out: list[Event] = []
         reasoning, tools = self._reasoning, self._tools
         for event in events:
@@ -50,8 +54,8 @@ class OutputParser:
         return self._attach_logprobs(out) if self._logprobs else out
 
     def text(self, text: str) -> list[Event]:
-        """What ``feed([TextDelta(text)])`` gives: the one-token path (a raw text delta
-        without logprobs), with no event list to walk."""
+        """``feed``'s common step, one raw text delta without logprobs (``feed`` takes
+        it so; ``TextStream`` too, with no ``TextDelta`` made for the text)."""
         out = self._parse(text)
         return self._attach_logprobs(out) if self._logprobs else out
 
