@@ -88,3 +88,20 @@ class Folding(Renderer, Protocol):
     fold is a renderer of its own that sends nothing)."""
 
     def result(self) -> dict[str, Any]: ...
+
+
+class Fold:
+    """The base of a renderer that only folds (Chat's and Completions' non-stream answers):
+    it sends nothing and keeps the request's usage for its ``result()``."""
+
+    usage = Usage(0, 0)
+
+    def open(self) -> list[Any]:
+        return []
+
+    def keepalive(self) -> list[Any]:
+        return []
+
+    def close(self, usage: Usage) -> list[Any]:
+        self.usage = usage
+        return []

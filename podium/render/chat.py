@@ -15,7 +15,7 @@ from podium.engine.base import Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
 from podium.render.logprobs import chat_entry
-from podium.render.base import HOLE, KEEPALIVE, Shape
+from podium.render.base import HOLE, KEEPALIVE, Fold, Shape
 
 
 def reasoning_fields(field: str) -> tuple[str, ...]:
@@ -29,7 +29,23 @@ def chat_usage(u: Usage) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-class ChatChunks:
+class UsageChunk:
+    """What Chat's and Completions' streams end alike: the usage chunk (no choices), when
+    ``stream_options.include_usage`` asks for it; a keep-alive is the wire's own."""
+
+    _head: dict[str, Any]
+    _include_usage: bool
+
+    def keepalive(self) -> list[Any]:
+        return [KEEPALIVE]
+
+    def close(self, usage: Usage) -> list[Any]:
+        if not self._include_usage:
+            return []
+        return [{**self._head, "choices": [], "usage": chat_usage(usage)}]
+
+
+class ChatChunks(UsageChunk):
     """The stream's renderer: ``chat.completion.chunk`` objects sharing id, created and
     model. A per-token chunk (a text or a reasoning delta, no logprobs) is ``Filled``: its
     choice's text or reasoning shape and the text, which the encoder writes from a
@@ -82,15 +98,6 @@ class ChatChunks:
             return [self._chunk(index, {}, event.reason)]
         return []
 
-    def keepalive(self) -> list[Any]:
-        return [KEEPALIVE]
-
-    def close(self, usage: Usage) -> list[Any]:
-        """The last chunk (``stream_options.include_usage``): no choices, the usage."""
-        if not self._include_usage:
-            return []
-        return [{**self._head, "choices": [], "usage": chat_usage(usage)}]
-
 
 class _ChoiceFold:
     __slots__ = ("text", "reasoning", "calls", "logprobs", "finish")
@@ -103,7 +110,7 @@ class _ChoiceFold:
         self.finish: str | None = None
 
 
-class ChatFold:
+class ChatFold(Fold):
     """The non-stream renderer: folds the events of every choice into one
     ``chat.completion`` object, and sends nothing."""
 
@@ -114,17 +121,6 @@ class ChatFold:
         self._choices = [_ChoiceFold(logprobs) for _ in range(n)]
         self._tokenizer = tokenizer
         self._reasoning = reasoning_fields(reasoning_field)
-        self._usage = Usage(0, 0)
-
-    def open(self) -> list[Any]:
-        return []
-
-    def keepalive(self) -> list[Any]:
-        return []
-
-    def close(self, usage: Usage) -> list[Any]:
-        self._usage = usage
-        return []
 
     def event(self, index: int, event: Event) -> list[Any]:
         self._add(index, event)
@@ -165,4 +161,4 @@ class ChatFold:
                                  if c.logprobs is not None else None),
                     "finish_reason": c.finish or "stop"}
                    for i, c in enumerate(self._choices)]
-        return {**self._head, "choices": choices, "usage": chat_usage(self._usage)}
+        return {**self._head, "choices": choices, "usage": chat_usage(self.usage)}

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from podium.engine.base import Tokenizer
 from podium.parsing.events import Event, Finish, PromptLogprobs, TextDelta, Usage
-from podium.render.base import HOLE, KEEPALIVE, Shape
-from podium.render.chat import chat_usage
+from podium.render.base import HOLE, Fold, Shape
+from podium.render.chat import UsageChunk, chat_usage
 from podium.render.logprobs import LegacyLogprobs
 
 
@@ -53,7 +53,7 @@ class _Choices:
         return self._logprobs[index].take() if self._logprobs is not None else None
 
 
-class CompletionChunks(_Choices):
+class CompletionChunks(_Choices, UsageChunk):
     """The stream's renderer: ``text_completion`` chunks. A per-token chunk without logprobs
     is ``Filled`` (its choice's shape and the text), written by the encoder from a template."""
 
@@ -90,16 +90,8 @@ class CompletionChunks(_Choices):
             out.append(self._chunk(index, "", event.reason))
         return out
 
-    def keepalive(self) -> list[Any]:
-        return [KEEPALIVE]
 
-    def close(self, usage: Usage) -> list[Any]:
-        if not self._include_usage:
-            return []
-        return [{**self._head, "choices": [], "usage": chat_usage(usage)}]
-
-
-class CompletionFold(_Choices):
+class CompletionFold(_Choices, Fold):
     """The non-stream renderer: every choice's text folded into one ``text_completion``."""
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
@@ -108,17 +100,6 @@ class CompletionFold(_Choices):
                           "created": created, "model": model}, tokenizer, logprobs, echoes)
         self._text: list[list[str]] = [[] for _ in echoes]
         self._finish: list[str | None] = [None] * len(echoes)
-        self._usage = Usage(0, 0)
-
-    def open(self) -> list[Any]:
-        return []
-
-    def keepalive(self) -> list[Any]:
-        return []
-
-    def close(self, usage: Usage) -> list[Any]:
-        self._usage = usage
-        return []
 
     def event(self, index: int, event: Event) -> list[Any]:
         echo = self.echo(index, event)
@@ -136,4 +117,4 @@ class CompletionFold(_Choices):
                     "logprobs": self.take_logprobs(i),
                     "finish_reason": self._finish[i] or "stop"}
                    for i in range(len(self._text))]
-        return {**self._head, "choices": choices, "usage": chat_usage(self._usage)}
+        return {**self._head, "choices": choices, "usage": chat_usage(self.usage)}
