@@ -229,6 +229,30 @@ class ToolParser:
         self._held_before_call()
         self.called()
 
+    def begin_declared(self, name: str) -> bool:
+        """A call to ``name`` begins if the request declared that tool; else it is dropped
+        (logged), and the family skips what the model wrote for it. Whether it began."""
+        if self.tools.allows(name):
+            self.begin_call(name)
+            return True
+        self.drop_call(name)
+        return False
+
+    def drop_call_object(self, raw: list[str], buf: str, used: int) -> bool:
+        """The call object being read names no declared tool (``call_object``: "no call"):
+        the call is dropped (logged), and its JSON, ``raw`` (the object's text before this
+        step, emptied here) then ``buf[:used]``, skipped to its end. True if it goes on past
+        ``buf`` (``skipping`` takes the rest); False if it ended (what followed is given
+        back: ``push_back``)."""
+        self.drop_call(self._json.seen_name, self._json.why)
+        text = "".join(raw) + buf[:used]
+        raw.clear()
+        end = self.skip_json(text)
+        if end < 0:
+            return True
+        self.push_back(text[end:])
+        return False
+
     def skip_stray(self, buf: str) -> int:
         """How many of the characters that start ``buf`` are a stray quote, brace or bracket
         left after a call's JSON (dropped, logged once per run)."""
@@ -520,10 +544,11 @@ class ToolParser:
         return "done", end
 
     def emit_whole_call(self, name: str, arguments: Any) -> None:
-        """A call known all at once (pythonic lists, buffered XML values)."""
-        self.begin_call(name)
-        self.call_args(json_text(arguments))
-        self.end_call()
+        """A call known all at once (pythonic lists), if its tool was declared (else
+        dropped: see ``begin_declared``)."""
+        if self.begin_declared(name):
+            self.call_args(json_text(arguments))
+            self.end_call()
 
     def value_args(self, args: JsonValue, text: str) -> int:
         """More of a call's arguments written as one JSON value (``args`` follows it): the

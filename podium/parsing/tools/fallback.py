@@ -103,14 +103,8 @@ class FallbackJsonParser(ToolParser):
                 self._object.clear()
         if outcome == "no call":
             if self.calls:            # after calls: an object that is no call is dropped
-                self.drop_call(self._json.seen_name, self._json.why)
-                raw, self._object = "".join(self._object) + buf[:used], []
-                end = self.skip_json(raw)
-                if end < 0:
-                    self._state = "skip"
-                    return used
-                self.push_back(raw[end:])
-                self._state = "next"
+                skipping = self.drop_call_object(self._object, buf, used)
+                self._state = "skip" if skipping else "next"
                 return used
             return self._give_up()
         if outcome == "broken" and self._fenced:    # the rest of the fence is the call's

@@ -121,14 +121,12 @@ class HermesParser(ToolParser):
     def _bare_call(self, with_args: bool) -> None:
         name = "".join(self._name).strip(_WS + "\"'")
         self._name = []
-        if not self.tools.allows(name):
-            self.drop_call(name)
+        if not self.begin_declared(name):
             self._state = "skip" if with_args else "after"
             self._closed = False
             if with_args:
                 self._skip = JsonValue()
             return
-        self.begin_call(name)
         if with_args:
             self._args, self._state = JsonValue(), "bare_args"
         else:
@@ -185,13 +183,9 @@ class HermesParser(ToolParser):
                 return pos + n
             used = pos + n
         if outcome == "no call":                # names no declared tool: skip the object
-            self.drop_call(self._json.seen_name, self._json.why)
-            raw, self._raw = "".join(self._raw) + buf[:used], []
-            end = self.skip_json(raw)
-            if end < 0:
+            if self.drop_call_object(self._raw, buf, used):
                 self._state = "skip"
                 return used
-            self.push_back(raw[end:])
         elif outcome == "broken":               # the rest of the block is the call's
             self._state, self._junk_logged = "junk", False
             return used

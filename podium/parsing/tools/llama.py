@@ -122,10 +122,7 @@ class _StartOfAnswer(ToolParser):
         if not NAME.fullmatch(name):
             return self._not_a_function()
         self._name, self._args = [], JsonValue()
-        if self.tools.allows(name):
-            self.begin_call(name)
-        else:
-            self.drop_call(name)
+        if not self.begin_declared(name):
             self._skip = JsonValue()
         self._state = "function_args"
         return close + 1
@@ -215,14 +212,8 @@ class Llama3JsonParser(_StartOfAnswer):
         if outcome == "no call":
             if not self.calls and not self._tagged:
                 return self._content(used, buf)
-            self.drop_call(self._json.seen_name, self._json.why)    # markup said: a call
-            raw, self._raw = "".join(self._raw) + buf[:used], []
-            end = self.skip_json(raw)
-            if end < 0:
-                self._state = "skip"
-                return used
-            self.push_back(raw[end:])
-            self._state = "between"
+            skipping = self.drop_call_object(self._raw, buf, used)    # markup said: a call
+            self._state = "skip" if skipping else "between"
             return used
         self._raw = []
         return self._after_calls(used)
@@ -316,11 +307,8 @@ class PythonicParser(_StartOfAnswer):
         if closing:
             self.stray(f"{closing!r} left out", "tool call list")
         for name, arguments in calls:
-            if self.tools.allows(name):
-                self.emit_whole_call(name, {k: double_decoded(v, self.tools.param_type(name, k))
-                                            for k, v in arguments.items()})
-            else:
-                self.drop_call(name)
+            self.emit_whole_call(name, {k: double_decoded(v, self.tools.param_type(name, k))
+                                        for k, v in arguments.items()})
         self._state = "list_end"
         return used
 

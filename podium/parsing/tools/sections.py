@@ -313,11 +313,9 @@ class SectionParser(ToolParser):
 
     def _named(self, name: str, used: int) -> int:
         self._new_header("header")
-        if not self.tools.allows(name):
-            self.drop_call(name)
+        if not self.begin_declared(name):
             self._skip, self._state = JsonValue(), "skip"
             return used
-        self.begin_call(name)
         self._args, self._state = JsonValue(), "arguments"
         return used
 
@@ -403,14 +401,8 @@ class SectionParser(ToolParser):
         elif outcome == "done":
             self._state = "list"
         elif outcome == "no call":                  # an object naming no declared tool
-            self.drop_call(self._json.seen_name, self._json.why)
-            raw, self._object = "".join(self._object) + buf[:used], []
-            end = self.skip_json(raw)
-            if end < 0:
-                self._state = "list_skip"
-                return used
-            self.push_back(raw[end:])
-            self._state = "list"
+            skipping = self.drop_call_object(self._object, buf, used)
+            self._state = "list_skip" if skipping else "list"
         else:
             self._state = "text"
         return used

@@ -135,11 +135,9 @@ class Qwen3CoderParser(ToolParser):
             return None if len(stripped) < 200 else self._mention(buf, skipped)
         name = _tag_name(stripped[len(self.FUNCTION):close].split(self.FUNCTION)[-1])
         used = skipped + close + 1
-        if not self.tools.allows(name):
-            self.drop_call(name)
+        if not self.begin_declared(name):
             self._state = "skip"
             return used
-        self.begin_call(name)
         self._n_params, self._state = 0, "params"
         return used
 
@@ -389,11 +387,9 @@ class Glm45Parser(ToolParser):
         if not NAME.fullmatch(name):
             return self._mention(buf)
         self.take_blanks()
-        if not self.tools.allows(name):
-            self.drop_call(name)
+        if not self.begin_declared(name):
             self._state = "skip"
             return end
-        self.begin_call(name)
         self._n_args, self._state = 0, "args"
         return end
 
