@@ -238,6 +238,15 @@ class ToolParser:
         self.drop_call(name)
         return False
 
+    def keep_unnamed(self, raw: list[str], text: str) -> None:
+        """More of the call object being read (``call_object``: "more"): kept in ``raw``
+        while it names no tool (if it names none declared, ``drop_call_object`` skips it
+        whole); once named, nothing is kept."""
+        if self._json.name is None:
+            raw.append(text)
+        else:
+            raw.clear()
+
     def drop_call_object(self, raw: list[str], buf: str, used: int) -> bool:
         """The call object being read names no declared tool (``call_object``: "no call"):
         the call is dropped (logged), and its JSON, ``raw`` (the object's text before this

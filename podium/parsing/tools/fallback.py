@@ -97,10 +97,7 @@ class FallbackJsonParser(ToolParser):
     def _s_object(self, buf: str) -> int | None:
         outcome, used = self.call_object(buf)
         if outcome == "more" and self.calls:
-            if self._json.name is None:
-                self._object.append(buf)
-            else:
-                self._object.clear()
+            self.keep_unnamed(self._object, buf)
         if outcome == "no call":
             if self.calls:            # after calls: an object that is no call is dropped
                 skipping = self.drop_call_object(self._object, buf, used)

@@ -162,10 +162,7 @@ class HermesParser(ToolParser):
         else:
             outcome, used = "more", 0
         if outcome == "more":
-            if self._json.name is None:
-                self._raw.append(piece)
-            else:
-                self._raw.clear()               # named: a call whatever follows
+            self.keep_unnamed(self._raw, piece)
             if tag is None or used < limit:
                 return used or None
             after = buf[pos + len(tag):].lstrip(_WS)

@@ -201,10 +201,7 @@ class Llama3JsonParser(_StartOfAnswer):
     def _s_object(self, buf: str) -> int | None:
         outcome, used = self.call_object(buf)
         if outcome == "more":
-            if self._json.name is None:
-                self._raw.append(buf)
-            else:
-                self._raw = []
+            self.keep_unnamed(self._raw, buf)
             return used
         if outcome == "done":
             self._state, self._raw = "between", []

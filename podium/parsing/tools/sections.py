@@ -394,10 +394,7 @@ class SectionParser(ToolParser):
     def _s_list_item(self, buf: str) -> int | None:
         outcome, used = self.call_object(buf)
         if outcome == "more":
-            if self._json.name is None:
-                self._object.append(buf)
-            else:
-                self._object.clear()
+            self.keep_unnamed(self._object, buf)
         elif outcome == "done":
             self._state = "list"
         elif outcome == "no call":                  # an object naming no declared tool
