@@ -457,7 +457,8 @@ _PY_ESCAPES = {"'": "'", '"': '\\"', "\n": ""}     # \' is a quote; \" stays esc
 class PyJson:
     """Python literal text to JSON text, a character at a time: single-quoted strings,
     ``True`` / ``False`` / ``None``, a comma before a closer (dropped: it is held until the
-    next character shows it), raw newlines and tabs in strings (escaped). Double-quoted
+    next character shows it), raw tabs and control characters in strings (escaped; a raw line
+    break passes raw and breaks the string, as in Python and JSON). Double-quoted
     strings and everything else pass as they are (``JsonPrefix`` judges the result)."""
 
     __slots__ = ("_quote", "_escape", "_word", "_comma")
@@ -511,6 +512,8 @@ class PyJson:
         if c == '"' and single:
             return '\\"'
         if c < " ":
+            if c in "\r\n":             # no '...' or "..." holds a raw line break (Python's
+                return c                # rule): passed raw, it breaks the string as in JSON
             return json.dumps(c)[1:-1]
         return c
 
