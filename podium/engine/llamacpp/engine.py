@@ -42,66 +42,28 @@ import llama_cpp
 
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
+from podium.engine.jobs import Job, JobOutputs
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
-from podium.errors import EngineError, InvalidRequestError, Overloaded, PodiumError
+from podium.errors import InvalidRequestError, Overloaded
 
 log = logging.getLogger(__name__)
 
 INVARIANT_ROWS = 7      # rows per decode that keep every row's numbers as if alone
 
 
-@dataclass(eq=False)
-class _Job:
-    request: EngineRequest
-    loop: asyncio.AbstractEventLoop
-    outputs: asyncio.Queue
-    aborted: bool = False
+class _Generation(JobOutputs[Job]):
+    """One queued request's outputs. However they end (the last output, an error, closed,
+    cancelled or dropped unread), the job is flagged aborted and leaves ``active``: the
+    worker drops it at its next step, whether it is still queued or running."""
 
-    def emit(self, item: EngineOutput | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+    def __init__(self, job: Job, active: dict[str, Job]):
+        super().__init__(job)
+        self._active = active
 
-
-class _Generation:
-    """One queued request's outputs, in order, ending with the one that carries a finish
-    reason. Closing it early, or dropping it unread, flags the job aborted: the worker drops
-    it at its next step, whether it is still queued or running."""
-
-    def __init__(self, job: _Job, active: dict[str, _Job]):
-        self._job, self._active = job, active
-        self._done = False
-
-    def __aiter__(self) -> "_Generation":
-        return self
-
-    async def __anext__(self) -> EngineOutput:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            item = await self._job.outputs.get()
-        except BaseException:           # the consumer was cancelled: nobody reads on
-            self._end()
-            raise
-        if isinstance(item, BaseException):
-            self._end()
-            if isinstance(item, PodiumError):      # the request's own fault, said as such
-                raise item
-            raise EngineError(f"The engine failed: {item}") from item
-        if item.finish_reason is not None:
-            self._end()
-        return item
-
-    async def aclose(self) -> None:
-        self._end()
-
-    def _end(self) -> None:
-        if not self._done:
-            self._done = True
-            self._job.aborted = True
-            self._active.pop(self._job.request.request_id, None)
-
-    def __del__(self) -> None:
-        self._end()
+    def _over(self, early: bool) -> None:
+        self._job.aborted = True
+        self._active.pop(self._job.request.request_id, None)
 
 
 @dataclass(eq=False)
@@ -110,7 +72,7 @@ class _Slot:
 
     seq: int
     cached: list[int] = field(default_factory=list)
-    job: _Job | None = None
+    job: Job | None = None
     sampler: Sampler | None = None
     pending: list[int] = field(default_factory=list)    # prompt tokens still to prefill
     next_token: int = -1                                # the token the next step decodes
@@ -143,9 +105,9 @@ class LlamaCppEngine:
         self._grammar_ms = grammar_ms_per_token
         self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
         self._mem = llama_cpp.llama_get_memory(self._model.ctx)
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._waiting: list[_Job] = []      # taken from the queue, no slot free yet
-        self._active: dict[str, _Job] = {}
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._waiting: list[Job] = []       # taken from the queue, no slot free yet
+        self._active: dict[str, Job] = {}
         self._clock = 0
         self._closing = False
         self.stats = EngineStats(*ENGINE_STATS)
@@ -180,7 +142,7 @@ class LlamaCppEngine:
     def generate(self, request: EngineRequest) -> "_Generation":
         """Queue ``request`` now, and return its outputs as an async iterator (closing it, or
         dropping it, aborts the request)."""
-        job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
         self._active[request.request_id] = job
         self._count_waiting(+1)
         self._jobs.put(job)
@@ -260,7 +222,7 @@ class LlamaCppEngine:
                 self._count_waiting(-1)
         self._waiting = still
 
-    def _start(self, job: _Job, free: list[_Slot]) -> None:
+    def _start(self, job: Job, free: list[_Slot]) -> None:
         req = job.request
         prompt = req.prompt_token_ids
         scoring = req.prompt_logprobs is not None

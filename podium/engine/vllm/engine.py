@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
+from podium.engine.jobs import Job, JobOutputs
 from podium.engine.vllm.tokenizer import HfTokenizer
-from podium.errors import EngineError, InvalidRequestError, Overloaded, PodiumError
+from podium.errors import InvalidRequestError, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,7 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}   # else
 
 
 @dataclass(eq=False)
-class _Job:
-    request: EngineRequest
-    loop: asyncio.AbstractEventLoop             # the caller's loop
-    outputs: asyncio.Queue
-    aborted: bool = False
+class _Job(Job):
     ended: bool = False                         # its last output (or error) was sent
     task: asyncio.Task | None = None            # on the vLLM loop
     seen: list[int] = field(default_factory=list)   # the tokens it produced (prefix cache)
@@ -66,43 +63,17 @@ class _Job:
             self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
 
 
-class _Generation:
-    """One request's outputs on the caller's loop; closing or dropping them aborts it."""
+class _Generation(JobOutputs[_Job]):
+    """One request's outputs on the caller's loop; closing, cancelling or dropping them
+    before the last output aborts it (the vLLM loop has ended it already otherwise)."""
 
     def __init__(self, job: _Job, engine: "VllmEngine"):
-        self._job, self._engine = job, engine
-        self._done = False
+        super().__init__(job)
+        self._engine = engine
 
-    def __aiter__(self) -> "_Generation":
-        return self
-
-    async def __anext__(self) -> EngineOutput:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            item = await self._job.outputs.get()
-        except BaseException:           # the consumer was cancelled: nobody reads on
-            self._end()
-            raise
-        if isinstance(item, BaseException):
-            self._done = True
-            if isinstance(item, PodiumError):
-                raise item
-            raise EngineError(f"The engine failed: {item}") from item
-        if item.finish_reason is not None:
-            self._done = True
-        return item
-
-    async def aclose(self) -> None:
-        self._end()
-
-    def _end(self) -> None:
-        if not self._done:
-            self._done = True
+    def _over(self, early: bool) -> None:
+        if early:
             self._engine._cancel(self._job)
-
-    def __del__(self) -> None:
-        self._end()
 
 
 class _PrefixBlocks:
