@@ -212,20 +212,13 @@ class UsageFold:
         return total
 
 
-async def drive(engine: Engine, choices: list[Choice], renderer: Renderer, *, n: int = 0,
-                keepalive: float = 0.0) -> AsyncGenerator[Any, None]:
+def drive(engine: Engine, choices: list[Choice], renderer: Renderer, *, n: int = 0,
+          keepalive: float = 0.0) -> AsyncGenerator[Any, None]:
     """The one driver: a request's choices run and rendered, from ``renderer.open()`` to
     ``renderer.close(usage)``. ``n``: choices per prompt (0: all of them share one);
     ``keepalive``: seconds between ``renderer.keepalive()`` objects while a choice waits for
     its first output (0: none). Closing it ends every choice's engine work at once."""
-    usage = UsageFold(n or len(choices))
-    for obj in renderer.open():
-        yield obj
-    async with aclosing(drive_round(engine, choices, renderer, usage, keepalive)) as objs:
-        async for obj in objs:
-            yield obj
-    for obj in renderer.close(usage.totals()):
-        yield obj
+    return _drive(engine, choices, renderer, UsageFold(n or len(choices)), keepalive, True)
 
 
 async def fold(engine: Engine, choices: list[Choice], renderer: Folding, *, n: int = 0
@@ -240,13 +233,32 @@ async def fold(engine: Engine, choices: list[Choice], renderer: Folding, *, n: i
 def drive_round(engine: Engine, choices: list[Choice], renderer: Renderer, usage: UsageFold,
                 keepalive: float = 0.0) -> AsyncGenerator[Any, None]:
     """``drive`` without the opening and closing: one round of the model (the Responses
-    API runs several in one response), its usage folded into ``usage``. A single choice is
-    not merged (one less hop per token)."""
+    API runs several in one response), its usage folded into ``usage``."""
+    return _drive(engine, choices, renderer, usage, keepalive, False)
+
+
+def _drive(engine: Engine, choices: list[Choice], renderer: Renderer, usage: UsageFold,
+           keepalive: float, whole: bool) -> AsyncGenerator[Any, None]:
+    """A single choice's loop is the driver itself (one generator less for every token to
+    pass through); several are merged in arrival order. ``whole``: opened and closed."""
     base = usage.track(choices)
     if len(choices) == 1:
-        return _run_choice(engine, 0, choices[0], renderer, usage, base, keepalive)
-    return _merge([_run_choice(engine, i, c, renderer, usage, base + i, keepalive)
-                   for i, c in enumerate(choices)])
+        return _run_choice(engine, 0, choices[0], renderer, usage, base, keepalive, whole)
+    return _merged([_run_choice(engine, i, c, renderer, usage, base + i, keepalive, False)
+                    for i, c in enumerate(choices)], renderer, usage, whole)
+
+
+async def _merged(streams: list[AsyncGenerator[Any, None]], renderer: Renderer,
+                  usage: UsageFold, whole: bool) -> AsyncGenerator[Any, None]:
+    if whole:
+        for obj in renderer.open():
+            yield obj
+    async with aclosing(_merge(streams)) as objs:
+        async for obj in objs:
+            yield obj
+    if whole:
+        for obj in renderer.close(usage.totals()):
+            yield obj
 
 
 def _uncounted(count: int) -> None:
@@ -254,11 +266,12 @@ def _uncounted(count: int) -> None:
 
 
 async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Renderer,
-                      usage: UsageFold, slot: int, keepalive: float
+                      usage: UsageFold, slot: int, keepalive: float, whole: bool
                       ) -> AsyncGenerator[Any, None]:
     """One choice: each engine output through its stream, each event rendered. The first
     output may be awaited apart (keep-alives while it is queued or prefilling); then it
-    enters the same loop as every other output."""
+    enters the same loop as every other output. ``whole``: the request's only choice,
+    opened and closed here."""
     outputs = choice.outputs if choice.outputs is not None else engine.generate(choice.request)
     record = telemetry.current()
     count: Callable[[int], None] = _uncounted
@@ -272,7 +285,11 @@ async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Rend
     stream = choice.stream
     feed, render, step = stream.feed, renderer.event, outputs.__anext__
     out: EngineOutput | None = None
+    ended = False                   # the engine's outputs ended before the first one
     try:
+        if whole:
+            for obj in renderer.open():
+                yield obj
         if keepalive > 0:
             first = asyncio.ensure_future(step())
             try:
@@ -286,8 +303,8 @@ async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Rend
             try:
                 out = first.result()
             except StopAsyncIteration:
-                return
-        while True:
+                ended = True
+        while not ended:
             if out is None:
                 try:
                     out = await step()
@@ -311,6 +328,9 @@ async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Rend
         await outputs.aclose()
         if not stream.finished:
             await engine.abort(choice.request.request_id)
+    if whole:
+        for obj in renderer.close(usage.totals()):
+            yield obj
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, inline: bool = False) -> T:

@@ -25,6 +25,7 @@ import asyncio
 import functools
 import logging
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Literal
 
@@ -167,10 +168,11 @@ class ResponsesService:
         try:
             if mode == "background":
                 await self._store.update(rid, dict(run.response, status="in_progress"))
-            async for event in self._events(run, turn):
-                if writer is not None:
-                    await writer.add(event)
-                yield event
+            async with aclosing(self._events(run, turn)) as events:   # closed here, at once
+                async for event in events:
+                    if writer is not None:
+                        await writer.add(event)
+                    yield event
         except BaseException as exc:
             stopped = exc
             raise
@@ -198,14 +200,16 @@ class ResponsesService:
     async def _events(self, run: Run, turn: Turn | None) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events; in a conversation, the finished turn is appended to it before
         the terminal event goes out, so a client that sees the end finds its turn there."""
-        async for event in run.events():
-            if turn is not None and event["type"] in APPEND_BEFORE:
-                assert self._conversations is not None
-                if not await self._conversations.append_turn(
-                        turn.conversation_id, turn.owner, run.response, run.plan.input_items):
-                    log.warning("response %s: conversation %s is gone; its turn was not "
-                                "appended", run.response["id"], turn.conversation_id)
-            yield event
+        async with aclosing(run.events()) as events:
+            async for event in events:
+                if turn is not None and event["type"] in APPEND_BEFORE:
+                    assert self._conversations is not None
+                    if not await self._conversations.append_turn(
+                            turn.conversation_id, turn.owner, run.response,
+                            run.plan.input_items):
+                        log.warning("response %s: conversation %s is gone; its turn was not "
+                                    "appended", run.response["id"], turn.conversation_id)
+                yield event
 
     async def _finalize(self, rid: str, response: dict[str, Any], writer: EventLog | None,
                         ending: list[dict[str, Any]], resolve: bool) -> None:
