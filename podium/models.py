@@ -1,0 +1,279 @@
+"""The models a server serves: loaded on demand, unloaded when idle, within a memory budget.
+
+``Models`` holds one ``Entry`` per configured model and decides when each is loaded and
+unloaded; it knows an engine only as what ``load`` returns and ``Engine.aclose`` frees.
+
+- **On demand.** ``use(name)`` (an async context manager) gives the model's engine, loading
+  it first when needed. Every request that arrives while a model loads waits for that one
+  load. A failed load answers each of them with ``ModelLoadFailed`` (naming the model and
+  the cause), leaves the model ``failed`` with the cause, and the next request tries again.
+- **A budget, never a busy model.** Before a load, idle models are unloaded, least recently
+  used first, until the new one fits both ``max_loaded`` and ``budget`` (bytes, against each
+  model's ``estimate``). A model with a request inside ``use`` is busy and never unloaded. If
+  it still cannot fit, the load waits up to ``load_timeout`` for models to go idle, then
+  raises ``ModelUnavailable`` (503, Retry-After); a model whose estimate is over the whole
+  budget is refused at once (400).
+- **Idle unload.** A model unused for its ``keep_alive`` seconds is unloaded (None: kept).
+- **Unload** (``unload``, idle or eviction) stops admitting the model's requests, waits for
+  those inside to finish (up to ``grace`` seconds, then closes anyway: their streams end
+  with the engine's error), then closes its engine.
+
+Each load and unload is one log line with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable, Literal
+
+from podium.engine.base import Engine
+from podium.errors import InvalidRequestError, ModelNotFound, PodiumError
+
+log = logging.getLogger(__name__)
+
+State = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+
+
+class ModelUnavailable(PodiumError):
+    """The model cannot be loaded now: no room frees up in time (503, Retry-After)."""
+
+    status_code = 503
+    default_code = "model_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 5):
+        super().__init__(message, headers={"retry-after": str(retry_after)})
+
+
+class ModelLoadFailed(PodiumError):
+    """The model's load failed (503): the message names the model and the cause; the next
+    request tries again."""
+
+    status_code = 503
+    default_code = "model_load_failed"
+
+
+@dataclass
+class ModelConfig:
+    name: str
+    aliases: tuple[str, ...] = ()
+    estimate: int = 0                   # bytes it will hold once loaded (0: unknown)
+    keep_alive: float | None = None     # idle seconds before it is unloaded (None: never)
+    pinned: bool = False                # loaded at start, never unloaded for room
+
+
+@dataclass(eq=False)
+class Entry:
+    config: ModelConfig
+    state: State = "unloaded"
+    engine: Engine | None = None
+    error: str | None = None            # why its last load failed
+    active: int = 0                     # requests inside ``use``
+    last_used: float = 0.0
+    loads: int = 0
+    unloads: int = 0
+    load_seconds: float = 0.0
+    _loading: asyncio.Future | None = field(default=None, repr=False)
+    _idle: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+class Models:
+    def __init__(self, configs: list[ModelConfig], load: Callable[[ModelConfig],
+                                                                 Awaitable[Engine]], *,
+                 max_loaded: int = 0, budget: int = 0, load_timeout: float = 60.0,
+                 grace: float = 30.0):
+        """``load`` makes a model's engine (loaded); ``max_loaded`` / ``budget``: 0 is no
+        limit."""
+        self._entries = {c.name: Entry(c) for c in configs}
+        self._names: dict[str, Entry] = {}
+        for entry in self._entries.values():
+            for name in (entry.name, *entry.config.aliases):
+                if name in self._names:
+                    raise ValueError(f"two models are called {name!r}")
+                self._names[name] = entry
+        self._load = load
+        self.max_loaded, self.budget = max_loaded, budget
+        self.load_timeout, self.grace = load_timeout, grace
+        self._changed = asyncio.Condition()     # a model went idle, or was unloaded
+        self._deciding = asyncio.Lock()
+        for entry in self._entries.values():
+            if budget and entry.config.estimate > budget:
+                if entry.config.pinned:
+                    raise ValueError(f"model {entry.name!r} needs about "
+                                     f"{entry.config.estimate} bytes, more than the whole "
+                                     f"budget of {budget}")
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def entry(self, name: str) -> Entry:
+        """The model called ``name`` (or an alias of it); 404 ``model_not_found``."""
+        entry = self._names.get(name)
+        if entry is None:
+            served = ", ".join(sorted(self._entries))
+            raise ModelNotFound(f"The model '{name}' does not exist; this server serves "
+                                f"{served}", param="model")
+        return entry
+
+    async def start(self) -> None:
+        """Load the pinned models (a failure stops the start)."""
+        for entry in self._entries.values():
+            if entry.config.pinned:
+                await self._ensure(entry, "pinned")
+
+    @contextlib.asynccontextmanager
+    async def use(self, name: str) -> AsyncIterator[Engine]:
+        """The model's engine for one request, loaded if needed; busy until the block ends."""
+        entry = self.entry(name)
+        if self.budget and entry.config.estimate > self.budget:
+            raise InvalidRequestError(
+                f"The model '{entry.name}' needs about {_mb(entry.config.estimate)} MB, more "
+                f"than this server's whole memory budget ({_mb(self.budget)} MB)",
+                param="model")
+        while True:
+            engine = await self._ensure(entry, "request")
+            if entry.state == "loaded" and entry.engine is engine:
+                break               # (else it was unloaded between the load and now)
+        entry.active += 1
+        if entry._idle is not None:
+            entry._idle.cancel()
+            entry._idle = None
+        try:
+            yield engine
+        finally:
+            entry.active -= 1
+            entry.last_used = time.monotonic()
+            if entry.active == 0:
+                self._went_idle(entry)
+
+    async def load(self, name: str) -> None:
+        await self._ensure(self.entry(name), "asked")
+
+    async def unload(self, name: str, reason: str = "asked") -> None:
+        entry = self.entry(name)
+        if entry.state in ("loaded", "failed"):
+            await self._unload(entry, reason)
+
+    async def aclose(self) -> None:
+        for entry in self._entries.values():
+            if entry.state == "loaded":
+                await self._unload(entry, "shutdown")
+
+    # -- loading --------------------------------------------------------------------------
+
+    async def _ensure(self, entry: Entry, reason: str) -> Engine:
+        while entry.state == "unloading":       # let it go first, then load it afresh
+            async with self._changed:
+                await self._changed.wait_for(lambda: entry.state != "unloading")
+        if entry.state == "loaded":
+            assert entry.engine is not None
+            return entry.engine
+        if entry._loading is None:
+            entry._loading = asyncio.ensure_future(self._do_load(entry, reason))
+        # every waiter shares the one load; one waiter leaving does not cancel it
+        return await asyncio.shield(entry._loading)
+
+    async def _do_load(self, entry: Entry, reason: str) -> Engine:
+        try:
+            async with self._deciding:      # one load makes its room at a time, in turn
+                await self._make_room(entry)
+                entry.state, entry.error = "loading", None
+            started = time.monotonic()
+            try:
+                engine = await self._load(entry.config)
+            except Exception as exc:  # noqa: BLE001 - said to every waiter, and kept
+                entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+                log.error("model %s: load failed (%s): %s", entry.name, reason, entry.error)
+                raise ModelLoadFailed(f"The model '{entry.name}' could not be loaded: "
+                                      f"{entry.error}") from exc
+            entry.engine, entry.state = engine, "loaded"
+            entry.loads += 1
+            entry.load_seconds += time.monotonic() - started
+            entry.last_used = time.monotonic()
+            log.info("model %s: loaded (%s) in %.2f s", entry.name, reason,
+                     time.monotonic() - started)
+            if entry.active == 0:
+                self._went_idle(entry)
+            return engine
+        finally:
+            entry._loading = None
+
+    def _loaded(self) -> list[Entry]:
+        return [e for e in self._entries.values() if e.state in ("loaded", "loading")]
+
+    def _fits(self, entry: Entry) -> bool:
+        others = [e for e in self._loaded() if e is not entry]
+        if self.max_loaded and len(others) + 1 > self.max_loaded:
+            return False
+        used = sum(e.config.estimate for e in others)
+        return not self.budget or used + entry.config.estimate <= self.budget
+
+    async def _make_room(self, entry: Entry) -> None:
+        """Unload idle models, least recently used first, until ``entry`` fits; wait (up to
+        ``load_timeout``) for busy ones to go idle; 503 if it still does not fit."""
+        deadline = time.monotonic() + self.load_timeout
+        while not self._fits(entry):
+            idle = sorted((e for e in self._loaded() if e is not entry and e.active == 0
+                           and e.state == "loaded" and not e.config.pinned),
+                          key=lambda e: e.last_used)
+            if idle:
+                await self._unload(idle[0], f"room for {entry.name}")
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                busy = ", ".join(e.name for e in self._loaded() if e is not entry)
+                raise ModelUnavailable(
+                    f"The model '{entry.name}' cannot be loaded now: the models loaded "
+                    f"({busy}) are busy and there is no room for another (max loaded "
+                    f"models {self.max_loaded or 'unlimited'}, memory budget "
+                    f"{_mb(self.budget) if self.budget else 'unlimited'} MB)")
+            async with self._changed:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), left)
+
+    # -- unloading ------------------------------------------------------------------------
+
+    def _went_idle(self, entry: Entry) -> None:
+        asyncio.ensure_future(self._notify())
+        keep = entry.config.keep_alive
+        if keep is not None and entry.state == "loaded" and not entry.config.pinned:
+            loop = asyncio.get_running_loop()
+            entry._idle = loop.call_later(keep, self._idle_unload, entry)
+
+    def _idle_unload(self, entry: Entry) -> None:
+        entry._idle = None
+        if entry.active == 0 and entry.state == "loaded":
+            asyncio.ensure_future(self._unload(entry, "idle"))
+
+    async def _unload(self, entry: Entry, reason: str) -> None:
+        if entry._idle is not None:
+            entry._idle.cancel()
+            entry._idle = None
+        engine, entry.engine = entry.engine, None
+        entry.state = "unloading"
+        try:
+            deadline = time.monotonic() + self.grace
+            while entry.active and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if engine is not None:
+                await engine.aclose()
+        finally:
+            entry.state, entry.error = "unloaded", None
+            entry.unloads += 1
+            log.info("model %s: unloaded (%s)", entry.name, reason)
+            await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def _mb(size: int) -> int:
+    return round(size / 2**20)
