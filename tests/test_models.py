@@ -26,7 +26,7 @@ class Loader:
     """Loads take ``seconds``; ``fail`` names models whose next load raises."""
 
     def __init__(self, seconds: float = 0.05):
-        self.seconds, self.fail = seconds, set()
+        self.seconds, self.fail = seconds, set[str]()
         self.loads: list[str] = []
         self.engines: list[Engine] = []
 
