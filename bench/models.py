@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/models.py estimate [--model PATH ...] [--setting N_CTX:N_SEQ ...]
     .venv/bin/python bench/models.py measure PATH --n-ctx N --n-seq N [--n-batch N]
+    .venv/bin/python bench/models.py unload [--model PATH] [--cycles 3] [--runs 2]
 
 ``estimate``: for each model (default: the default model and Gemma 3 270M) and setting
 (default: 4096:1 and the server's defaults, 0:4), the estimate (podium/engine/llamacpp/
@@ -14,6 +15,13 @@ within 15% of the warm figure.
 logprobs, then a decode step on every sequence: what a serving engine touches), the model's
 shape as llama.cpp reports it after the real load, and llama.cpp's own log lines about its
 buffers.
+
+``unload``: what closing an engine gives back. Fresh processes (``--runs``), each loading the
+model as the server does (its default settings unless ``--ctx-size`` / ``--max-num-seqs``),
+generating a few tokens, closing the engine and collecting it, ``--cycles`` times over; per
+cycle the resident memory (VmRSS, and PSS from smaps_rollup) before the load, loaded, and
+after the close. Target (issue 28): back within 10% of before, and nothing growing from one
+cycle to the next. ``unload-measure`` is one such process (one JSON line).
 """
 
 from __future__ import annotations
@@ -147,6 +155,84 @@ def estimate_table(models: list[Path], settings: list[tuple[int, int]],
                   f"{_mib(loaded)} {_mib(warm)} {est.total / warm:8.3f}", flush=True)
 
 
+def memory() -> dict[str, int]:
+    """``rss()`` and, where the kernel has smaps_rollup, PSS, in bytes."""
+    out = rss()
+    rollup = Path("/proc/self/smaps_rollup")
+    if rollup.exists():
+        for line in rollup.read_text().splitlines():
+            if line.startswith("Pss:"):
+                out["Pss"] = int(line.split()[1]) * 1024
+    return out
+
+
+async def unload_cycles(path: Path, cycles: int, n_ctx: int | None = None,
+                        n_seq: int | None = None, tokens: int = 8) -> list[dict]:
+    """Load, generate ``tokens``, close, ``cycles`` times in this process; memory at each."""
+    import gc
+    import weakref
+
+    from podium.engine.base import EngineRequest, SamplingParams
+    from podium.engine.llamacpp.engine import LlamaCppEngine
+    from podium.settings import Settings
+
+    s = Settings()
+    out = []
+    for i in range(cycles):
+        before = memory()
+        engine = LlamaCppEngine(
+            path, served_name="bench", n_ctx=s.ctx_size if n_ctx is None else n_ctx,
+            n_batch=s.batch_size, n_threads=s.threads,
+            max_num_seqs=s.max_num_seqs if n_seq is None else n_seq,
+            max_queued=s.max_queued_requests, deterministic=s.deterministic,
+            grammar_ms_per_token=s.grammar_ms_per_token)
+        prompt = engine.tokenizer.encode("Say hello in three languages.")
+        request = EngineRequest(f"unload-{i}", prompt,
+                                SamplingParams(max_tokens=tokens, temperature=0.0))
+        generated = 0
+        async for output in engine.generate(request):
+            generated += len(output.token_ids)
+        loaded = memory()
+        await engine.aclose()
+        await engine.aclose()           # a server may: an unload, then its shutdown
+        gone = weakref.ref(engine)
+        del engine
+        gc.collect()
+        out.append({"before": before, "loaded": loaded, "after": memory(),
+                    "generated": generated, "collected": gone() is None})
+    return out
+
+
+def unload_in_subprocess(path: Path, cycles: int, n_ctx: int | None = None,
+                         n_seq: int | None = None) -> list[dict]:
+    """``unload_cycles`` in a fresh interpreter (the caller's heap does not count)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "unload-measure", str(path),
+           "--cycles", str(cycles)]
+    cmd += ["--ctx-size", str(n_ctx)] if n_ctx is not None else []
+    cmd += ["--max-num-seqs", str(n_seq)] if n_seq is not None else []
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"unload-measure failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def unload_table(path: Path, runs: int, cycles: int, n_ctx: int | None,
+                 n_seq: int | None) -> None:
+    print(f"{path.name}: VmRSS (PSS) in MiB, one fresh process a run")
+    print(f"{'run':>3} {'cycle':>5} {'before':>16} {'loaded':>18} {'after close':>16}"
+          f" {'after - before':>16}")
+    for run in range(runs):
+        for i, c in enumerate(unload_in_subprocess(path, cycles, n_ctx, n_seq)):
+            b, lo, a = c["before"], c["loaded"], c["after"]
+            pss = "Pss" in b
+            cell = (lambda m: f"{_mib(m['VmRSS'])} ({_mib(m['Pss']).strip():>6})" if pss
+                    else f"{_mib(m['VmRSS'])}")
+            grew = a["VmRSS"] - b["VmRSS"]
+            print(f"{run:>3} {i:>5} {cell(b):>16} {cell(lo):>18} {cell(a):>16} "
+                  f"{_mib(grew)} {100 * grew / b['VmRSS']:+5.1f}%"
+                  + ("" if c["collected"] else "  engine NOT collected"), flush=True)
+
+
 def _setting(text: str) -> tuple[int, int]:
     n_ctx, _, n_seq = text.partition(":")
     return int(n_ctx), int(n_seq or 1)
@@ -166,14 +252,36 @@ def main(argv: list[str] | None = None) -> None:
     one.add_argument("--n-seq", type=int, default=1)
     one.add_argument("--n-batch", type=int, default=128)
     one.add_argument("--no-swa-full", dest="swa_full", action="store_false")
+    for name, text in (("unload", "memory before a load, loaded, after the close"),
+                       ("unload-measure", "unload's cycles in this process; prints JSON")):
+        un = sub.add_parser(name, help=text)
+        if name == "unload":
+            un.add_argument("--model", type=Path, help="a GGUF file (default: the default "
+                            "model)")
+            un.add_argument("--runs", type=int, default=2, help="fresh processes")
+        else:
+            un.add_argument("path", type=Path)
+        un.add_argument("--cycles", type=int, default=3, help="load/close cycles a process")
+        un.add_argument("--ctx-size", type=int, help="default: the server's")
+        un.add_argument("--max-num-seqs", type=int, help="default: the server's")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    if args.command == "unload-measure":
+        import asyncio
+
+        print(json.dumps(asyncio.run(unload_cycles(args.path, args.cycles, args.ctx_size,
+                                                   args.max_num_seqs))))
+        return
     if args.command == "measure":
         print(json.dumps(measure(args.path, args.n_ctx, args.n_seq, args.n_batch,
                                  args.swa_full)))
         return
     from podium.engine.llamacpp.model_files import GEMMA_MODEL, default_model_path
 
+    if args.command == "unload":
+        unload_table(args.model or default_model_path(), args.runs, args.cycles,
+                     args.ctx_size, args.max_num_seqs)
+        return
     models = args.model or [default_model_path(), default_model_path(GEMMA_MODEL)]
     estimate_table(models, args.setting or [(4096, 1), (0, 4)], args.n_batch)
 

@@ -154,11 +154,19 @@ class LlamaCppEngine:
             job.aborted = True
 
     async def aclose(self) -> None:
+        """End every request ("abort"), stop the worker and free the model: its weights,
+        context and batch, and the heap they used (off the event loop: ~150 ms for the
+        default model). A second call returns at once and frees nothing twice."""
         for job in list(self._active.values()):
             job.aborted = True
+        if self._closing:
+            return
         self._closing = True
         self._jobs.put(None)
-        await asyncio.to_thread(self._worker.join)
+        await asyncio.to_thread(self._free)
+
+    def _free(self) -> None:
+        self._worker.join()
         llama_cpp.llama_batch_free(self._batch)
         self._model.close()
 
