@@ -74,6 +74,10 @@ class Settings:
         False, "Log request bodies and generated text (off: never logged).")
     allow_request_chat_template: bool = _opt(
         False, "Let requests carry their own 'chat_template' (refused with 400 otherwise).")
+    chat_template_file: str | None = _opt(
+        None, "A Jinja chat template file used instead of the model's own (a model file that "
+        "carries none, or a broken one); its tool-call and reasoning formats are detected "
+        "from it like a model's.")
     tool_parser: str = _opt(
         "auto", "Tool-call format: auto (from the chat template), none, hermes, qwen3_coder, "
         "glm45, llama3_json, pythonic, mistral, deepseek_v3, kimi_k2, json.")

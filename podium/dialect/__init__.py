@@ -17,4 +17,29 @@ def select(engine: Engine, settings: Settings) -> Dialect:
         from podium.dialect.harmony import HarmonyDialect
         return HarmonyDialect(Harmony(settings.harmony_vocab_dir))
     from podium.dialect.template import TemplateDialect
-    return TemplateDialect.for_model(engine.tokenizer, engine.info.chat_template, settings)
+    template = engine.info.chat_template
+    if settings.chat_template_file:
+        template = read_template(settings.chat_template_file)
+    return TemplateDialect.for_model(engine.tokenizer, template, settings)
+
+
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def read_template(path: str) -> str:
+    """``--chat-template-file``'s text; ValueError (a start-up error) naming the file when it
+    cannot be read, is not UTF-8 text, is empty or is over 1 MiB."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"--chat-template-file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_TEMPLATE_BYTES:
+        raise ValueError(f"--chat-template-file {path}: over {MAX_TEMPLATE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"--chat-template-file {path}: not UTF-8 text") from None
+    if not text.strip():
+        raise ValueError(f"--chat-template-file {path}: empty")
+    return text

@@ -11,6 +11,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from podium.server.app import create_app
 from podium.settings import Settings
@@ -47,3 +48,29 @@ def test_health_answers_while_a_requests_own_template_renders(scripted):
     assert took > 1.0                   # the render was long enough to matter
     assert max(gaps) < 0.5, gaps
     assert len(gaps) >= 8               # /health answered all along
+
+
+def test_a_chat_template_file_replaces_the_models_own(scripted, client_for, tmp_path):
+    """``--chat-template-file``: the server's template for a model file that carries none
+    (or a broken one); the model's own is not used."""
+    path = tmp_path / "turns.jinja"
+    path.write_text("{% for m in messages %}[{{ m.role }}: {{ m.content }}]{% endfor %}"
+                    "{% if add_generation_prompt %}[assistant:{% endif %}")
+    engine = scripted(["Hi"])
+    client = client_for(engine, chat_template_file=str(path))
+    r = client.post("/v1/chat/completions", json={
+        "model": SERVED, "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status_code == 200, r.text
+    prompt = engine.tokenizer.decode(engine.requests[-1].prompt_token_ids)
+    assert "[user: hello][assistant:" in prompt and "<|im_start|>" not in prompt
+
+
+@pytest.mark.parametrize("content, why", [(None, "No such file"), (b"", "empty"),
+                                          (b"\xff\xfe{{", "not UTF-8")])
+def test_a_chat_template_file_that_cannot_be_used_stops_the_start(scripted, tmp_path,
+                                                                  content, why):
+    path = tmp_path / "t.jinja"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"--chat-template-file {path}: .*{why}"):
+        create_app(Settings(chat_template_file=str(path)), scripted(["Hi"]))
