@@ -272,7 +272,9 @@ class ResponsesService:
         """End the background response if it runs here (a cancel request heard from
         another replica, or a lease lost)."""
         task = self._running.get(response_id)
-        if task is not None and not task.done():
+        # once: the cancel request stays on the row until the response ends, and each lease
+        # renewal hears it again; a second cancel would cut the run's last writes short
+        if task is not None and not task.done() and not task.cancelling():
             log.info("response %s: cancelled through the store", response_id)
             task.cancel()
 
@@ -282,7 +284,8 @@ class ResponsesService:
         record = await self._get(response_id, owner)
         task = self._running.get(response_id)
         if task is not None:
-            task.cancel()
+            if not task.cancelling():       # (see _cancel_here)
+                task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         elif (record.status in TERMINAL or not record.body.get("background")
               or not await self._store.request_cancel(response_id, owner)):
