@@ -39,14 +39,25 @@ def replica_args(database: str) -> tuple[str, ...]:
             "--reasoning-parser", "think", "--log-level", "warning")
 
 
+CLIENTS: dict[str, openai.OpenAI] = {}
+
+
 @pytest.fixture(scope="module")
 def replicas(database):
     with podium_serve(*replica_args(database)) as a, podium_serve(*replica_args(database)) as b:
         yield a, b
+    # closed here: a client left to the garbage collector can drop its pooled socket before
+    # it closes it, and that ResourceWarning fails whichever later test is running then
+    for client in CLIENTS.values():
+        client.close()
+    CLIENTS.clear()
 
 
 def sdk(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    """One client per replica, closed with the replicas."""
+    if url not in CLIENTS:
+        CLIENTS[url] = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    return CLIENTS[url]
 
 
 def count_in_background(url: str) -> str:

@@ -122,8 +122,10 @@ def test_old_and_over_long_seals_are_refused_before_decoding(serve):
 # -- Messages -----------------------------------------------------------------------------
 
 def anthropic_client(served, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{served.port}", api_key=key,
-                               max_retries=0)
+    client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{served.port}", api_key=key,
+                                 max_retries=0)
+    served.clients.append(client)                   # closed with the server
+    return client
 
 
 def again(first) -> list[dict]:
