@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podium.errors import ModelFilesError
@@ -27,16 +26,6 @@ commands:
                tool calls, warnings); 'podium parse --help' for its options
 
 'podium serve --help' lists every setting."""
-
-
-def served_name(settings: Settings, path: Path) -> str:
-    from podium.engine.llamacpp.model_files import DEFAULT_MODEL
-
-    if settings.served_model_name:
-        return settings.served_model_name
-    if not settings.model:
-        return DEFAULT_MODEL.served_name
-    return path.stem
 
 
 def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
@@ -65,31 +54,38 @@ def serve(settings: Settings) -> None:
 
 
 def _serve(settings: Settings, runner: asyncio.Runner) -> None:
-    from podium.engine.llamacpp.engine import LlamaCppEngine
-    from podium.engine.llamacpp.model_files import resolve_model
+    from podium.catalog import catalog
     from podium.server.app import create_app
     from podium.server.lifecycle import Server
+    from podium.server.served import estimate, make_engine, resident_bytes
 
-    engine: Engine
-    if settings.engine != "llamacpp":       # every option checked before vLLM starts
-        from podium.engine.vllm.options import vllm_engine
-
-        path, engine = vllm_engine(settings, loop=runner.get_loop())
-    else:
-        path = resolve_model(settings.model, settings.model_file)
-        name = served_name(settings, path)
-        settings.check_aliases(name)  # before the weights load
-        engine = LlamaCppEngine(path, served_name=name,
-                                n_ctx=settings.ctx_size, n_batch=settings.batch_size,
-                                n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
-                                max_queued=settings.max_queued_requests,
-                                deterministic=settings.deterministic,
-                                grammar_ms_per_token=settings.grammar_ms_per_token)
     log = logging.getLogger("podium")
-    log.info("serving %s as %r (context %d tokens)", path, engine.info.served_name,
-             engine.info.context_length)
+    configs = catalog(settings)         # every setting checked before anything loads
+    for config in configs:
+        try:
+            config.estimate = estimate(config)
+        except Exception as exc:  # noqa: BLE001 - estimated again when it loads
+            if config.pinned:
+                raise
+            log.warning("model %s: no memory estimate yet (%s)", config.name, exc)
     log.info("settings: %s", json.dumps(settings.redacted()))
-    app = create_app(settings, engine)
+    # a pinned model (a server of one: its model) loads now, before the server listens;
+    # vLLM on the server's loop (no thread hop per token)
+    loaded: dict[str, Engine] = {}
+    resident: dict[str, int] = {}
+    for config in configs:
+        if config.pinned:
+            before = resident_bytes()
+            loaded[config.name] = make_engine(config.source, config.name,
+                                              loop=runner.get_loop())
+            after = resident_bytes()
+            if before is not None and after is not None:
+                resident[config.name] = after - before
+                log.info("model %s: estimated %.0f MiB, resident %.0f MiB after its load",
+                         config.name, config.estimate / 2**20, (after - before) / 2**20)
+    app = create_app(settings, configs, loaded)
+    for name, size in resident.items():
+        app.state.models.entry(name).engine.resident = size
     runner.run(Server(uvicorn_config(settings, app), app.state.drain,
                       settings.shutdown_grace).serve())
 
@@ -114,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "model-path":
             from podium.engine.llamacpp.model_files import resolve_model
 
-            print(resolve_model(settings.model, settings.model_file))
+            print(resolve_model(settings.spec, settings.model_file))
         else:
             serve(settings)
     except ModelFilesError as exc:

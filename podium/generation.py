@@ -25,7 +25,7 @@ from podium import telemetry
 from podium.conversation import Conversation, Options
 from podium.dialect import Dialect
 from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
-from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelNotFound
+from podium.errors import ContextLengthExceeded, InvalidRequestError
 from podium.grammar import check_strict
 from podium.parsing.events import Usage
 from podium.render.base import Folding, Renderer
@@ -33,23 +33,6 @@ from podium.settings import Settings
 from podium.stream import ChoiceStream
 
 T = TypeVar("T")
-
-
-def serves(requested: str, engine: Engine, settings: Settings | None = None) -> bool:
-    """Whether ``requested`` names the served model, by its name or a ``--model-alias``."""
-    served = engine.info.served_name
-    return requested == served or (settings is not None
-                                   and settings.alias_for(requested) == served)
-
-
-def check_model(requested: str, engine: Engine, settings: Settings | None = None) -> None:
-    """404 ``model_not_found`` unless ``requested`` is the served model or an alias of it."""
-    record = telemetry.current()
-    if record is not None:
-        record.model = requested
-    if not serves(requested, engine, settings):
-        raise ModelNotFound(f"The model '{requested}' does not exist; this server serves "
-                            f"'{engine.info.served_name}'", param="model")
 
 
 def output_budget(prompt_tokens: int, requested: int | None, context: int, cap: int = 0,

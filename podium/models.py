@@ -1,7 +1,7 @@
 """The models a server serves: loaded on demand, unloaded when idle, within a memory budget.
 
 ``Models`` holds one ``Entry`` per configured model and decides when each is loaded and
-unloaded; it knows an engine only as what ``load`` returns and ``Engine.aclose`` frees.
+unloaded; it knows a model only as what ``load`` returns and its ``aclose`` frees.
 
 - **On demand.** ``use(name)`` (an async context manager) gives the model's engine, loading
   it first when needed. Every request that arrives while a model loads waits for that one
@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Literal
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
-from podium.engine.base import Engine
+from podium import telemetry
 from podium.errors import InvalidRequestError, ModelNotFound, PodiumError
 
 log = logging.getLogger(__name__)
@@ -56,26 +57,36 @@ class ModelLoadFailed(PodiumError):
     default_code = "model_load_failed"
 
 
+class Loaded(Protocol):
+    """What a load makes (the server's ``Served``: an engine and what speaks to it)."""
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass
 class ModelConfig:
     name: str
-    aliases: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()       # other names, or globs ('claude-*'), it answers to
     estimate: int = 0                   # bytes it will hold once loaded (0: unknown)
     keep_alive: float | None = None     # idle seconds before it is unloaded (None: never)
     pinned: bool = False                # loaded at start, never unloaded for room
+    preload: bool = False               # loaded at start
+    kind: str = "chat"
+    source: Any = None                  # what the loader loads (the model's own settings)
 
 
 @dataclass(eq=False)
 class Entry:
     config: ModelConfig
     state: State = "unloaded"
-    engine: Engine | None = None
+    engine: Any = None                  # what the load made (a Loaded), while loaded
     error: str | None = None            # why its last load failed
     active: int = 0                     # requests inside ``use``
     last_used: float = 0.0
     loads: int = 0
     unloads: int = 0
     load_seconds: float = 0.0
+    resident: int | None = None         # memory measured across its last load (bytes)
     _loading: asyncio.Future | None = field(default=None, repr=False)
     _idle: asyncio.TimerHandle | None = field(default=None, repr=False)
 
@@ -86,23 +97,31 @@ class Entry:
 
 class Models:
     def __init__(self, configs: list[ModelConfig], load: Callable[[ModelConfig],
-                                                                 Awaitable[Engine]], *,
+                                                                 Awaitable[Any]], *,
                  max_loaded: int = 0, budget: int = 0, load_timeout: float = 60.0,
-                 grace: float = 30.0):
-        """``load`` makes a model's engine (loaded); ``max_loaded`` / ``budget``: 0 is no
-        limit."""
+                 grace: float = 30.0,
+                 estimate: Callable[[ModelConfig], Awaitable[int]] | None = None):
+        """``load`` makes a model's engine (loaded, a ``Loaded``); ``estimate``, when given,
+        estimates a model whose estimate is still unknown before its load makes room;
+        ``max_loaded`` / ``budget``: 0 is no limit."""
         self._entries = {c.name: Entry(c) for c in configs}
         self._names: dict[str, Entry] = {}
+        self._globs: list[tuple[str, Entry]] = []
         for entry in self._entries.values():
             for name in (entry.name, *entry.config.aliases):
                 if name in self._names:
                     raise ValueError(f"two models are called {name!r}")
-                self._names[name] = entry
+                if name != entry.name and any(c in name for c in "*?["):
+                    self._globs.append((name, entry))
+                else:
+                    self._names[name] = entry
         self._load = load
+        self._estimate = estimate
         self.max_loaded, self.budget = max_loaded, budget
         self.load_timeout, self.grace = load_timeout, grace
         self._changed = asyncio.Condition()     # a model went idle, or was unloaded
         self._deciding = asyncio.Lock()
+        self._waiting = 0                       # loads waiting for room
         for entry in self._entries.values():
             if budget and entry.config.estimate > budget:
                 if entry.config.pinned:
@@ -114,24 +133,55 @@ class Models:
         return list(self._entries.values())
 
     def entry(self, name: str) -> Entry:
-        """The model called ``name`` (or an alias of it); 404 ``model_not_found``."""
+        """The model called ``name`` (or an alias of it, or matching an alias glob, the first
+        in order); 404 ``model_not_found``."""
         entry = self._names.get(name)
         if entry is None:
-            served = ", ".join(sorted(self._entries))
+            entry = next((e for pattern, e in self._globs
+                          if fnmatch.fnmatchcase(name, pattern)), None)
+        if entry is None:
+            served = ", ".join(repr(n) for n in sorted(self._entries))
             raise ModelNotFound(f"The model '{name}' does not exist; this server serves "
                                 f"{served}", param="model")
         return entry
 
+    def adopt(self, name: str, loaded: Any, seconds: float = 0.0) -> None:
+        """``loaded`` is the model called ``name``, loaded already (at start, before the
+        server's loop runs)."""
+        entry = self._entries[name]
+        entry.engine, entry.state, entry.error = loaded, "loaded", None
+        entry.loads += 1
+        entry.load_seconds += seconds
+        entry.last_used = time.monotonic()
+
     async def start(self) -> None:
-        """Load the pinned models (a failure stops the start)."""
+        """Load the pinned and preloaded models not adopted yet (a failure stops the
+        start); start the idle timers of those adopted."""
         for entry in self._entries.values():
-            if entry.config.pinned:
-                await self._ensure(entry, "pinned")
+            if entry.state == "loaded":
+                self._went_idle(entry)
+            elif entry.config.pinned or entry.config.preload:
+                await self._ensure(entry, "pinned" if entry.config.pinned else "preload")
 
     @contextlib.asynccontextmanager
-    async def use(self, name: str) -> AsyncIterator[Engine]:
+    async def use(self, name: str) -> AsyncIterator[Any]:
         """The model's engine for one request, loaded if needed; busy until the block ends."""
+        entry = await self.acquire(name)
+        try:
+            yield entry.engine
+        finally:
+            self.release(entry)
+
+    async def acquire(self, name: str) -> Entry:
+        """The entry of the model ``name`` names, loaded (``entry.engine``) and busy until
+        ``release``: loaded first when needed, waiting for a load under way."""
         entry = self.entry(name)
+        record = telemetry.current()
+        if record is not None:
+            record.model = name
+        if entry.state == "loaded" and entry._idle is None:    # the common case, at once
+            entry.active += 1
+            return entry
         if self.budget and entry.config.estimate > self.budget:
             raise InvalidRequestError(
                 f"The model '{entry.name}' needs about {_mb(entry.config.estimate)} MB, more "
@@ -145,13 +195,18 @@ class Models:
         if entry._idle is not None:
             entry._idle.cancel()
             entry._idle = None
-        try:
-            yield engine
-        finally:
-            entry.active -= 1
-            entry.last_used = time.monotonic()
-            if entry.active == 0:
-                self._went_idle(entry)
+        return entry
+
+    def hold(self, entry: Entry) -> None:
+        """One more user of a model already held (a background response outliving its
+        request): busy until a matching ``release``."""
+        entry.active += 1
+
+    def release(self, entry: Entry) -> None:
+        entry.active -= 1
+        entry.last_used = time.monotonic()
+        if entry.active == 0:
+            self._went_idle(entry)
 
     async def load(self, name: str) -> None:
         await self._ensure(self.entry(name), "asked")
@@ -168,28 +223,32 @@ class Models:
 
     # -- loading --------------------------------------------------------------------------
 
-    async def _ensure(self, entry: Entry, reason: str) -> Engine:
+    async def _ensure(self, entry: Entry, reason: str) -> Any:
         while entry.state == "unloading":       # let it go first, then load it afresh
             async with self._changed:
                 await self._changed.wait_for(lambda: entry.state != "unloading")
         if entry.state == "loaded":
-            assert entry.engine is not None
             return entry.engine
         if entry._loading is None:
             entry._loading = asyncio.ensure_future(self._do_load(entry, reason))
         # every waiter shares the one load; one waiter leaving does not cancel it
         return await asyncio.shield(entry._loading)
 
-    async def _do_load(self, entry: Entry, reason: str) -> Engine:
+    async def _do_load(self, entry: Entry, reason: str) -> Any:
         try:
-            async with self._deciding:      # one load makes its room at a time, in turn
-                await self._make_room(entry)
-                entry.state, entry.error = "loading", None
-            started = time.monotonic()
             try:
+                if not entry.config.estimate and self._estimate is not None:
+                    entry.config.estimate = await self._estimate(entry.config)
+                async with self._deciding:      # one load makes its room at a time, in turn
+                    await self._make_room(entry)
+                    entry.state, entry.error = "loading", None
+                started = time.monotonic()
                 engine = await self._load(entry.config)
+            except ModelUnavailable:
+                raise
             except Exception as exc:  # noqa: BLE001 - said to every waiter, and kept
-                entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+                cause = getattr(exc, "message", None) or str(exc)
+                entry.state, entry.error = "failed", f"{type(exc).__name__}: {cause}"
                 log.error("model %s: load failed (%s): %s", entry.name, reason, entry.error)
                 raise ModelLoadFailed(f"The model '{entry.name}' could not be loaded: "
                                       f"{entry.error}") from exc
@@ -234,14 +293,19 @@ class Models:
                     f"({busy}) are busy and there is no room for another (max loaded "
                     f"models {self.max_loaded or 'unlimited'}, memory budget "
                     f"{_mb(self.budget) if self.budget else 'unlimited'} MB)")
-            async with self._changed:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), left)
+            self._waiting += 1
+            try:
+                async with self._changed:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), left)
+            finally:
+                self._waiting -= 1
 
     # -- unloading ------------------------------------------------------------------------
 
     def _went_idle(self, entry: Entry) -> None:
-        asyncio.ensure_future(self._notify())
+        if self._waiting:               # a load waits for room: tell it (a task, as this
+            asyncio.ensure_future(self._notify())   # is a plain call)
         keep = entry.config.keep_alive
         if keep is not None and entry.state == "loaded" and not entry.config.pinned:
             loop = asyncio.get_running_loop()

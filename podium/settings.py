@@ -25,11 +25,36 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 class Settings:
     host: str = _opt("127.0.0.1", "Address to listen on.")
     port: int = _opt(8000, "Port to listen on.")
-    model: str | None = _opt(
-        None,
-        "A GGUF file path, a Hugging Face repo id (with --model-file, or 'repo_id:file.gguf'), "
-        "or empty for the default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M).")
+    model: tuple[str, ...] = _opt(
+        (), "A model to serve: a GGUF file path, a Hugging Face repo id (with --model-file, or "
+        "'repo_id:file.gguf'), or an HF folder (--engine vllm), optionally named "
+        "('NAME=SPEC'; default name: the file's or folder's). Repeat for several, each loaded "
+        "on its first request; none: the default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M). "
+        "PODIUM_MODEL takes a comma-separated list.", multiple=True, metavar="[NAME=]SPEC")
     model_file: str | None = _opt(None, "File name inside the Hugging Face repo given by --model.")
+    models_dir: str | None = _opt(
+        None, "Serve every .gguf file (the first part of a split one) and every Hugging Face "
+        "folder (with a config.json; served with --engine vllm) in DIR, each under its file "
+        "or folder name, loaded on its first request.", metavar="DIR")
+    preload: tuple[str, ...] = _opt(
+        (), "Load this model at start instead of on its first request (a failed load stops "
+        "the start); repeat for several, 'all' for every one. A server of one model always "
+        "loads it at start.", multiple=True, metavar="NAME")
+    max_loaded_models: int = _opt(
+        0, "Models loaded at once; loading another first unloads the least recently used "
+        "idle one (0: no limit).")
+    memory_budget: str | None = _opt(
+        None, "Memory the loaded models may hold together, each counted by its estimate "
+        "(weights plus KV cache, from the model file) before it loads: bytes, or with a K, M, "
+        "G or T suffix (powers of 1024), or a percentage of the machine's memory; 0: no "
+        "limit. Default 75%%: the rest is left to the OS, the server and its requests.",
+        metavar="SIZE")
+    load_timeout: float = _opt(
+        60.0, "Seconds a request waits for room to load its model (busy models going idle) "
+        "before a 503 with Retry-After.")
+    keep_alive: float = _opt(
+        300.0, "Seconds a model stays loaded after its last request when the server serves "
+        "several (0: until evicted or unloaded); a server of one model keeps it.")
     served_model_name: str | None = _opt(
         None, "The model id clients use (default: derived from the model file name).")
     model_alias: tuple[str, ...] = _opt(
@@ -180,11 +205,17 @@ class Settings:
     seed: int = _opt(-1, "Default sampling seed for requests without one (-1: random).")
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
 
-    config: str | None = _opt(None, "A TOML file of settings (names as below, with _ or -).")
+    config: str | None = _opt(
+        None, "A TOML file of settings (names as below, with _ or -), and [[models]] tables: "
+        "one per model, with its name, its own settings (model, engine, ctx-size, "
+        "tool-parser, chat-template-file ... as below), aliases, keep-alive and pinned "
+        "(see the README).")
+    models: tuple[dict[str, Any], ...] = field(default=(), metadata={"file_only": True})
 
     def __post_init__(self) -> None:
-        aliases = self.model_alias
-        self.model_alias = (aliases,) if isinstance(aliases, str) else tuple(aliases)
+        for name in ("model", "model_alias", "preload"):
+            value = getattr(self, name)
+            setattr(self, name, (value,) if isinstance(value, str) else tuple(value or ()))
         for entry in self.model_alias:  # a malformed entry fails here, before any loading
             _alias(entry)
         if not self.mcp_timeout > 0:
@@ -197,28 +228,49 @@ class Settings:
         if self.stream_keepalive_seconds < 0:
             raise ValueError(f"--stream-keepalive-seconds must be 0 (none) or more, not "
                              f"{self.stream_keepalive_seconds}")
+        if self.max_loaded_models < 0:
+            raise ValueError(f"--max-loaded-models must be 0 (no limit) or more, not "
+                             f"{self.max_loaded_models}")
+        if self.keep_alive < 0 or not self.load_timeout > 0:
+            raise ValueError("--keep-alive must be 0 or more and --load-timeout more than 0")
+        self.budget_bytes()         # a malformed size fails here
         if not self.response_lease_seconds > 0:
             raise ValueError(f"--response-lease-seconds must be more than 0, not "
                              f"{self.response_lease_seconds}")
 
     @property
+    def spec(self) -> str | None:
+        """The one model this settings object describes (a model's own settings, or a
+        server of one), without its name; None: the default model."""
+        if len(self.model) > 1:
+            raise ValueError("several --model: each model has settings of its own")
+        return split_name(self.model[0])[1] if self.model else None
+
+    def budget_bytes(self, memory: int | None = None) -> int:
+        """``--memory-budget`` in bytes (0: no limit); ``memory``: the machine's."""
+        raw = (self.memory_budget or "75%").strip()
+        try:
+            if raw.endswith("%"):
+                share = float(raw[:-1])
+                if not 0 <= share <= 100:
+                    raise ValueError
+                return int((memory if memory is not None else machine_memory()) * share / 100)
+            number = raw.upper().removesuffix("B").removesuffix("I")   # 12G, 12GB, 12GiB
+            unit = number[-1:]
+            scale = 1024 ** ("KMGT".index(unit) + 1) if unit and unit in "KMGT" else 1
+            number = number[:-1] if scale > 1 else number
+            value = float(number) * scale
+            if value < 0:
+                raise ValueError
+            return int(value)
+        except ValueError:
+            raise ValueError(f"--memory-budget {raw!r}: give bytes, a size such as 12G or "
+                             f"800M, or a percentage such as 75%") from None
+
+    @property
     def aliases(self) -> list[tuple[str, str]]:
         """The ``--model-alias`` entries as (pattern, served name) pairs, in order."""
         return [_alias(entry) for entry in self.model_alias]
-
-    def alias_for(self, requested: str) -> str | None:
-        """The served name the first alias matching ``requested`` names, if any."""
-        for pattern, served in self.aliases:
-            if fnmatch.fnmatchcase(requested, pattern):
-                return served
-        return None
-
-    def check_aliases(self, served_name: str) -> None:
-        """ValueError unless every alias names ``served_name``, the model being served."""
-        for pattern, served in self.aliases:
-            if served != served_name:
-                raise ValueError(f"--model-alias {pattern}={served}: this server serves "
-                                 f"'{served_name}', not '{served}'")
 
     @classmethod
     def from_sources(cls, argv: list[str] | None = None,
@@ -250,6 +302,8 @@ def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = 
                  ) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="podium serve")
     for f in dataclasses.fields(cls):
+        if f.metadata.get("file_only"):
+            continue
         flag = "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
         help_text = f"{f.metadata['help']} [env {env}; default {f.default!r}]"
@@ -263,6 +317,20 @@ def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = 
             parser.add_argument(flag, type=_KINDS.get(f.type, str), default=None,
                                 help=help_text)
     return parser
+
+
+def split_name(entry: str) -> tuple[str | None, str]:
+    """``NAME=SPEC`` or ``SPEC`` (a path or repo id holding '=' keeps it when what precedes
+    it looks like a path)."""
+    name, eq, spec = entry.partition("=")
+    if eq and name and not any(c in name for c in "/:~\\") and spec:
+        return name.strip(), spec.strip()
+    return None, entry.strip()
+
+
+def machine_memory() -> int:
+    """The machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _alias(entry: str) -> tuple[str, str]:

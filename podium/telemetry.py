@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 access_log = logging.getLogger("podium.access")
 
@@ -30,7 +30,7 @@ GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 class Metrics:
     """The app's metrics, in a registry of its own (several apps can live in one process)."""
 
-    def __init__(self, gauges: Callable[[], dict[str, float]]):
+    def __init__(self, gauges: Callable[[], dict[str, Any]]):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("podium_requests", "HTTP requests by endpoint and status",
@@ -112,14 +112,26 @@ class LoopCounter:
 
 
 class _GaugeCollector:
-    """Gauges read at scrape time (engine state, store size): nothing to keep in sync."""
+    """Figures read at scrape time (each model's engine and loads, the store's size):
+    nothing to keep in sync. A value by model is labelled ``model``; a name ending in
+    ``_total`` is a counter."""
 
-    def __init__(self, read: Callable[[], dict[str, float]]):
+    def __init__(self, read: Callable[[], dict[str, Any]]):
         self._read = read
 
     def collect(self):
         for name, value in self._read().items():
-            yield GaugeMetricFamily(f"podium_{name}", name.replace("_", " "), value=value)
+            doc = name.removesuffix("_total").replace("_", " ")
+            counter = name.endswith("_total")
+            if not isinstance(value, dict):
+                yield GaugeMetricFamily(f"podium_{name}", doc, value=value)
+                continue
+            family = (CounterMetricFamily(f"podium_{name.removesuffix('_total')}", doc,
+                                          labels=["model"]) if counter
+                      else GaugeMetricFamily(f"podium_{name}", doc, labels=["model"]))
+            for model, figure in value.items():
+                family.add_metric([model], figure)
+            yield family
 
 
 @dataclass

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.cli import served_name
+from podium.catalog import catalog
 from podium.settings import Settings
 
 
@@ -36,11 +36,15 @@ def test_fractional_seconds_parse_and_a_lease_must_be_positive():
     assert refused.returncode == 2 and "--response-lease-seconds" in refused.stderr
 
 
-def test_served_name():
-    assert served_name(Settings(), Path("/c/x.gguf")) == "qwen2.5-coder-0.5b-instruct"
-    assert served_name(Settings(model="/m/llama-3.2-1b.Q4.gguf"),
-                       Path("/m/llama-3.2-1b.Q4.gguf")) == "llama-3.2-1b.Q4"
-    assert served_name(Settings(model="x", served_model_name="mine"), Path("x")) == "mine"
+def test_served_name(tmp_path):
+    gguf = tmp_path / "llama-3.2-1b.Q4.gguf"
+    gguf.write_bytes(b"GGUF")
+    [one] = catalog(Settings(model=str(gguf)))
+    assert one.name == "llama-3.2-1b.Q4" and one.pinned and one.keep_alive is None
+    [mine] = catalog(Settings(model="/m/x.gguf", served_model_name="mine"))
+    assert mine.name == "mine"
+    [named] = catalog(Settings(model="coder=/m/x.gguf"))
+    assert named.name == "coder" and named.source.spec == "/m/x.gguf"
 
 
 def test_serve_help_documents_every_setting():
@@ -58,8 +62,6 @@ def test_model_alias_flag_repeats_and_environment_takes_a_list():
     assert s.aliases == [("claude-*", "m"), ("gpt-?o", "m")]
     s = Settings.from_sources([], {"PODIUM_MODEL_ALIAS": "claude-*=m, gpt-*=m,"})
     assert s.model_alias == ("claude-*=m", "gpt-*=m")
-    assert (s.alias_for("claude-haiku-4-5"), s.alias_for("Claude-x"), s.alias_for("o3")) == (
-        "m", None, None)
     assert Settings.from_sources([], {}).model_alias == ()
 
 

@@ -17,7 +17,7 @@ from podium.conversation import (Conversation, Message, Options, Reasoning, Text
 from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import InvalidRequestError
-from podium.generation import Prepared, check_model, drive, fold, new_id, off_loop, prepare, start
+from podium.generation import Prepared, drive, fold, new_id, off_loop, prepare, start
 from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, NamedToolChoice,
                                   ToolMessage)
 from podium.protocol.chat import Message as WireMessage
@@ -35,7 +35,6 @@ class ChatService:
                      ) -> dict[str, Any] | AsyncGenerator[Any, None]:
         """The folded object, or (``stream``) an iterator of chunks. Raises before
         streaming. ``small``: the route found the body small (prepared on the loop)."""
-        check_model(req.model, self._engine, self._settings)
         # a request's own template may spend seconds rendering, however small its body
         prepared = await off_loop(self._prepare, req,
                                   inline=small and req.chat_template is None)

@@ -12,7 +12,7 @@ from typing import Any, AsyncGenerator
 from podium.api.common import sampling_params, stop_strings
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
-from podium.generation import (Choice, check_model, choice_seed, drive, fold, new_id, off_loop,
+from podium.generation import (Choice, choice_seed, drive, fold, new_id, off_loop,
                                output_budget, start)
 from podium.protocol.completions import CompletionRequest
 from podium.render.completions import CompletionChunks, CompletionFold, Echo
@@ -34,7 +34,6 @@ class CompletionService:
     async def create(self, req: CompletionRequest, *, small: bool = False
                      ) -> dict[str, Any] | AsyncGenerator[Any, None]:
         engine = self._engine
-        check_model(req.model, engine, self._settings)
         _refuse_unsupported(req)
         prompts = await off_loop(self._prompts, req.prompt, inline=small)
         choices: list[Choice] = []

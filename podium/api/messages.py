@@ -39,7 +39,7 @@ from podium.conversation import (Conversation, Message, Options, Reasoning, Resp
 from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import ContextLengthExceeded, InvalidRequestError
-from podium.generation import (Prepared, check_model, check_options, drive, fold, off_loop,
+from podium.generation import (Prepared, check_options, drive, fold, off_loop,
                                prepare, start)
 from podium.harmony.format import EFFORTS
 from podium.protocol.messages import CountTokensRequest, MessageParam, MessagesRequest
@@ -62,7 +62,6 @@ class MessagesService:
 
     async def create(self, req: MessagesRequest, owner: str = NO_OWNER, *, small: bool = False
                      ) -> dict[str, Any] | AsyncGenerator[dict, None]:
-        check_model(req.model, self._engine, self._settings)
         prepared = await off_loop(self._prepare, req, owner, inline=small)
         choice = prepared.choices[0]
         start(self._engine, [choice])
@@ -78,7 +77,6 @@ class MessagesService:
     async def count_tokens(self, req: CountTokensRequest, owner: str = NO_OWNER, *,
                            small: bool = False) -> dict[str, Any]:
         """The prompt's tokens as the model would see them: template, system and tools."""
-        check_model(req.model, self._engine, self._settings)
         return {"input_tokens": await off_loop(self._count, req, owner, inline=small)}
 
     def _count(self, req: CountTokensRequest, owner: str) -> int:

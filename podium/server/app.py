@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, AsyncGenerator, AsyncIterator, Literal
 
 import orjson
@@ -13,16 +14,13 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from podium.api.chat import ChatService
 from podium.api.conversations import ConversationsService
-from podium.api.messages import MessagesService
-from podium.dialect import select as select_dialect
-from podium.api.completions import CompletionService
 from podium.api.responses import ResponsesService
 from podium.api.sealing import Sealer, load_key
+from podium.catalog import of_engine
 from podium.engine.base import Engine
-from podium.errors import ModelNotFound, error_body
-from podium.generation import serves
+from podium.errors import error_body
+from podium.models import Entry, ModelConfig, Models
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
 from podium.protocol.conversations import (ConversationCreateRequest,
@@ -34,7 +32,8 @@ from podium.server.lifecycle import Drain
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
                                      RequestMiddleware)
 from podium.server.routing import PodiumRoute, small
-from podium.server.sse import (BODY_SEND, AnthropicSSE, ChatSSE, Encoder, ResponsesSSE,
+from podium.server.served import Loader, Served, estimate
+from podium.server.sse import (BODY_SEND, AnthropicSSE, Encoder, ChatSSE, ResponsesSSE,
                                SSEResponse)
 from podium.server.watch import unless_gone
 from podium.settings import Settings
@@ -60,12 +59,25 @@ def json_response_status(obj: Any, status: int) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
-def _gauges(engine: Engine, store: SQLStore) -> dict[str, float]:
-    stats = engine.stats
-    return {"running_sequences": stats.get("running", 0),
-            "queued_sequences": stats.get("waiting", 0),
-            "kv_cache_usage_ratio": stats["kv_tokens"] / max(1, stats["kv_capacity"]),
-            "stored_responses": store.count()}
+def _gauges(models: Models, store: SQLStore) -> dict[str, Any]:
+    """Per model (labelled), read at scrape time: its engine's load, its loads."""
+    by: dict[str, dict[str, float]] = {name: {} for name in (
+        "running_sequences", "queued_sequences", "kv_cache_usage_ratio", "model_loaded",
+        "model_active_requests", "model_loads_total", "model_unloads_total",
+        "model_load_seconds_total")}
+    for entry in models.entries():
+        stats = entry.engine.engine.stats if entry.state == "loaded" else {}
+        for name, value in (
+                ("running_sequences", stats.get("running", 0)),
+                ("queued_sequences", stats.get("waiting", 0)),
+                ("kv_cache_usage_ratio", stats.get("kv_tokens", 0)
+                 / max(1, stats.get("kv_capacity", 1))),
+                ("model_loaded", float(entry.state == "loaded")),
+                ("model_active_requests", entry.active), ("model_loads_total", entry.loads),
+                ("model_unloads_total", entry.unloads),
+                ("model_load_seconds_total", entry.load_seconds)):
+            by[name][entry.name] = value
+    return {**by, "stored_responses": store.count()}
 
 
 def respond(result: dict | AsyncGenerator[Any, None], encoder: type[Encoder] = ChatSSE
@@ -85,43 +97,71 @@ class PodiumApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[BODY_SEND] = send
-        await super().__call__(scope, receive, send)
+        held: list[Entry] = []
+        scope[HELD] = held
+        try:
+            await super().__call__(scope, receive, send)
+        finally:        # the response is over, its stream's last byte sent: let go
+            for entry in held:
+                self.state.models.release(entry)
 
 
-def create_app(settings: Settings, engine: Engine) -> FastAPI:
-    """The app serving ``engine``; the engine and the store close when the app shuts down.
-    ValueError if a ``--model-alias`` names another model than the engine serves."""
-    settings.check_aliases(engine.info.served_name)
+HELD = "podium.held"    # the scope's list of models a request holds (released at its end)
+
+
+async def model_of(request: Request, name: str) -> Served:
+    """The model the request names, loaded (waiting for it), held until the response ends:
+    a model serving a request is never unloaded. 404 for a name no model answers to."""
+    entry = await request.app.state.models.acquire(name)
+    request.scope[HELD].append(entry)
+    return entry.engine
+
+
+def create_app(settings: Settings, served: Engine | list[ModelConfig],
+               loaded: dict[str, Engine] | None = None) -> FastAPI:
+    """The app serving ``served``: one loaded engine (a server of one model, named by its
+    engine), or the catalog's models (podium/catalog.py) with those ``loaded`` at start by
+    name; the others load on their first request. Models, engines and the store close when
+    the app shuts down. ValueError if a ``--model-alias`` names no model, or a pinned model
+    is over the memory budget."""
+    if isinstance(served, list):
+        configs, engines = served, dict(loaded or {})
+    else:
+        configs, engines = of_engine(settings, served.info.served_name), {
+            served.info.served_name: served}
     store = SQLStore(settings.store_url)
-    dialect = select_dialect(engine, settings)
-    chat = ChatService(engine, dialect, settings)
     sealer = Sealer(load_key(settings.secret_key, data_dir()), settings.max_seal_bytes)
     conversations = ConversationsService(ConversationStore(store.engine), settings, sealer)
-    responses = ResponsesService(engine, dialect, store, settings, sealer, conversations)
+    responses = ResponsesService(store, settings, sealer, conversations)
+    loader = Loader(store, sealer, conversations)
+    models = Models(configs, loader.load, max_loaded=settings.max_loaded_models,
+                    budget=settings.budget_bytes(), load_timeout=settings.load_timeout,
+                    grace=settings.shutdown_grace,
+                    estimate=lambda config: asyncio.to_thread(estimate, config))
+    for config in configs:
+        if config.name in engines:
+            models.adopt(config.name, loader.serve(config, engines.pop(config.name)))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await responses.startup()
         await conversations.startup()
+        await models.start()
         try:
             yield
         finally:
             await responses.shutdown()
-            await engine.aclose()
+            await models.aclose()
             await store.aclose()
 
     app = PodiumApp(title="Podium", version="0.1.0", lifespan=lifespan,
                   summary="An OpenAI-compatible API server for open-weight models")
     app.router.route_class = PodiumRoute
-    app.state.engine = engine
     app.state.settings = settings
-    app.state.dialect = dialect
-    app.state.chat = chat
-    app.state.completions = CompletionService(engine, settings)
-    app.state.messages = MessagesService(engine, dialect, settings, sealer)
+    app.state.models = models
     app.state.responses = responses
     app.state.conversations = conversations
-    app.state.metrics = metrics = Metrics(lambda: _gauges(engine, store))
+    app.state.metrics = metrics = Metrics(lambda: _gauges(models, store))
     app.state.drain = responses.drain = Drain()
     app.state.store = store
     errors.install(app)
@@ -141,9 +181,36 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     return app
 
 
-def _model_card(engine: Engine) -> dict[str, Any]:
-    return {"id": engine.info.served_name, "object": "model", "created": engine.info.created,
-            "owned_by": "podium", "max_model_len": engine.info.context_length}
+_STARTED = int(time.time())
+
+
+def _model_card(entry: Entry, asked: str | None = None) -> dict[str, Any]:
+    """OpenAI's model object (``asked``: the name or alias the client used) plus what
+    Podium knows of it: state, kind, memory, and why its last load failed."""
+    served: Served | None = entry.engine if entry.state == "loaded" else None
+    card = {"id": asked or entry.name, "object": "model",
+            "created": served.engine.info.created if served else _STARTED,
+            "owned_by": "podium", "state": entry.state, "kind": entry.config.kind,
+            "memory_estimate": entry.config.estimate or None,
+            "resident_memory": served.resident if served else None}
+    if served is not None:
+        card["max_model_len"] = served.engine.info.context_length
+    if entry.config.aliases:
+        card["aliases"] = list(entry.config.aliases)
+    if entry.error is not None:
+        card["error"] = entry.error
+    return card
+
+
+def _stats(entry: Entry) -> dict[str, Any]:
+    out: dict[str, Any] = {"state": entry.state, "active_requests": entry.active,
+                           "loads": entry.loads, "unloads": entry.unloads,
+                           "load_seconds": round(entry.load_seconds, 3)}
+    if entry.state == "loaded":
+        out["engine"] = dict(entry.engine.engine.stats)
+    if entry.error is not None:
+        out["error"] = entry.error
+    return out
 
 
 def _owner(request: Request) -> str:
@@ -155,18 +222,28 @@ def _owner(request: Request) -> str:
 def _routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions", responses=_STREAMING)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return respond(await unless_gone(request, request.app.state.chat.create(
-            body, small=small(request))))
+        async def create() -> Any:
+            served = await model_of(request, body.model)
+            return await served.chat.create(body, small=small(request))
+        return respond(await unless_gone(request, create()))
 
     @app.post("/v1/completions", responses=_STREAMING)
     async def completions(body: CompletionRequest, request: Request):
-        return respond(await unless_gone(request, request.app.state.completions.create(
-            body, small=small(request))))
+        async def create() -> Any:
+            served = await model_of(request, body.model)
+            return await served.completions.create(body, small=small(request))
+        return respond(await unless_gone(request, create()))
 
     @app.post("/v1/responses", responses=_STREAMING)
     async def create_response(body: ResponsesRequest, request: Request):
-        return respond(await unless_gone(request, request.app.state.responses.create(
-            body, _owner(request), small=small(request))), ResponsesSSE)
+        async def create() -> Any:
+            models: Models = request.app.state.models
+            served = await model_of(request, body.model)
+            entry = request.scope[HELD][-1]
+            return await request.app.state.responses.create(
+                body, _owner(request), served.planner, small=small(request),
+                hold=lambda: models.hold(entry))
+        return respond(await unless_gone(request, create()), ResponsesSSE)
 
     @app.get("/v1/responses/{response_id}", responses=_STREAMING)
     async def get_response(response_id: str, request: Request, stream: bool = False,
@@ -198,38 +275,66 @@ def _routes(app: FastAPI) -> None:
 
     @app.post("/v1/messages", responses=_STREAMING)
     async def messages(body: MessagesRequest, request: Request):
-        return respond(await unless_gone(request, request.app.state.messages.create(
-            body, _owner(request), small=small(request))), AnthropicSSE)
+        async def create() -> Any:
+            served = await model_of(request, body.model)
+            return await served.messages.create(body, _owner(request), small=small(request))
+        return respond(await unless_gone(request, create()), AnthropicSSE)
 
     @app.post("/v1/messages/count_tokens", responses=_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request):
-        return json_response(await request.app.state.messages.count_tokens(
-            body, _owner(request), small=small(request)))
+        served = await model_of(request, body.model)
+        return json_response(await served.messages.count_tokens(body, _owner(request),
+                                                                small=small(request)))
 
     @app.get("/v1/models")
     async def list_models(request: Request):
-        return json_response({"object": "list", "data": [_model_card(request.app.state.engine)]})
+        """Every model this server serves, loaded or not."""
+        return json_response({"object": "list", "data": [
+            _model_card(e) for e in request.app.state.models.entries()]})
+
+    @app.post("/v1/models/{model_id:path}/load", responses=_ERRORS)
+    async def load_model(model_id: str, request: Request):
+        """Load the model now (waiting for it); its card. It stays loaded for its
+        keep-alive, like one a request loaded."""
+        models: Models = request.app.state.models
+        await unless_gone(request, models.load(model_id))
+        return json_response(_model_card(models.entry(model_id), model_id))
+
+    @app.post("/v1/models/{model_id:path}/unload", responses=_ERRORS)
+    async def unload_model(model_id: str, request: Request):
+        """Unload the model: its new requests wait for a new load; its running ones get
+        the shutdown grace to finish; then its memory is freed. Its card."""
+        models: Models = request.app.state.models
+        await models.unload(model_id)
+        return json_response(_model_card(models.entry(model_id), model_id))
 
     @app.get("/v1/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str, request: Request):
-        engine = request.app.state.engine
-        if not serves(model_id, engine, request.app.state.settings):
-            raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
-        return json_response({**_model_card(engine), "id": model_id})  # an alias: as asked
+        # an alias: answered as asked
+        return json_response(_model_card(request.app.state.models.entry(model_id), model_id))
 
     @app.get("/health")
     async def health(request: Request):
-        """Alive (the process answers), with the engine's counters."""
-        return json_response({"status": "ok", "engine": dict(request.app.state.engine.stats)})
+        """Alive (the process answers), with each model's state and counters (a server of
+        one model: its engine's counters as ``engine`` too)."""
+        entries = request.app.state.models.entries()
+        body: dict[str, Any] = {"status": "ok",
+                                "models": {e.name: _stats(e) for e in entries}}
+        if len(entries) == 1 and entries[0].state == "loaded":
+            body["engine"] = dict(entries[0].engine.engine.stats)
+        return json_response(body)
 
     @app.get("/ready", responses={503: {"description": "Not ready"}})
     async def ready(request: Request):
-        """Ready: the model is loaded and the store takes a write (a small probe)."""
+        """Ready: the models loaded at start are loaded, and the store takes a write (a
+        small probe). Models loaded on demand do not count."""
         try:
             await request.app.state.store.ping()
         except Exception as exc:  # noqa: BLE001 - any store failure means not ready
             return json_response_status({"status": "not ready", "store": str(exc)}, 503)
-        return json_response({"status": "ready", "model": request.app.state.engine.info.served_name})
+        entries = request.app.state.models.entries()
+        return json_response({"status": "ready", "models": [
+            e.name for e in entries if e.state == "loaded"]})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request):

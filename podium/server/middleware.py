@@ -50,7 +50,8 @@ def endpoint_of(path: str) -> str:
         rest = path[len("/v1/responses/"):].split("/")
         return "/v1/responses/{id}" + ("/" + rest[1] if len(rest) > 1 else "")
     if path.startswith("/v1/models/"):
-        return "/v1/models/{id}"
+        action = path.rsplit("/", 1)[1]
+        return "/v1/models/{id}" + (f"/{action}" if action in ("load", "unload") else "")
     return path if path in (*GENERATING, "/v1/messages/count_tokens", "/v1/models",
                             *OPEN_PATHS) else "other"
 

@@ -4,6 +4,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from tests.conftest import SERVED
 from tests.server.sse import events
+from tests.server.apps import served
 
 URL = "/v1/chat/completions"
 
@@ -19,7 +20,7 @@ def test_non_stream_answer_is_a_valid_chat_completion(client):
     assert completion.choices[0].message.content == "Hello there, how can I help?"
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage.completion_tokens == len(
-        client.app.state.engine.tokenizer.encode("Hello there, how can I help?",
+        served(client.app).engine.tokenizer.encode("Hello there, how can I help?",
                                                  add_special=False)) + 1   # + end of turn
 
 

@@ -15,6 +15,7 @@ from podium.server.lifecycle import Server
 from podium.settings import Settings
 from tests.conftest import SERVED
 from tests.server.waiting import wait_for
+from tests.server.apps import served
 
 LONG_REPLY = "word " * 2000          # ~2,000 tokens: 100 s at the pace below
 
@@ -107,7 +108,7 @@ def test_an_unhandled_error_is_counted_in_errors_total(scripted, client_for):
     async def explode(body):
         raise RuntimeError("a bug")
 
-    c.app.state.chat.create = explode
+    served(c.app).chat.create = explode
     r = c.post("/v1/chat/completions", json={
         "model": SERVED, "messages": [{"role": "user", "content": "go"}]})
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"

@@ -18,6 +18,7 @@ from podium.settings import Settings
 from tests.conftest import SERVED
 from tests.server.responses_check import sse_events
 from tests.server.test_responses import CALL, THINK
+from tests.server.apps import served
 
 URL = "/v1/messages"
 TOOLS = [{"name": "get_weather", "description": "The weather in a city",
@@ -87,7 +88,7 @@ def comparable(message, http) -> dict:
         block.pop("id", None)
         block.pop("parsed_output", None)
         if block.get("signature"):
-            block["signature"] = http.app.state.messages._sealer.unseal(block["signature"], "")
+            block["signature"] = served(http.app).messages._sealer.unseal(block["signature"], "")
     return data
 
 
@@ -260,7 +261,7 @@ def test_a_claude_code_shaped_request(serve):
                        "<think>Retry with sudo.</think>Trying again."],
                       template="model", context=8192, model_alias=("claude-*=" + SERVED,))
     signed = sdk.messages.create(**ask()).content  # noqa: F841 - signs nothing (no thinking)
-    good = http.app.state.messages._sealer.seal("I should run ls.", "")
+    good = served(http.app).messages._sealer.seal("I should run ls.", "")
     body = claude_code_request(good, "EqQBCkgIARABGAIiQL" + "x" * 40)
     r = http.post(URL + "?beta=true", json=body, headers={"x-api-key": "k"})
     assert r.status_code == 200, r.text

@@ -60,9 +60,11 @@ def test_metrics(client):
     assert "podium_generation_tokens_total 18.0" in text
     assert "podium_prompt_tokens_total" in text
     assert 'podium_errors_total{type="invalid_request_error"} 1.0' in text
-    for gauge in ("running_sequences", "queued_sequences", "kv_cache_usage_ratio",
-                  "stored_responses"):
-        assert f"podium_{gauge} " in text
+    for gauge in ("running_sequences", "queued_sequences", "kv_cache_usage_ratio"):
+        assert f'podium_{gauge}{{model="{SERVED}"}} ' in text        # per model
+    assert f'podium_model_loaded{{model="{SERVED}"}} 1.0' in text
+    assert f'podium_model_loads_total{{model="{SERVED}"}} 1.0' in text
+    assert "podium_stored_responses " in text
 
 
 def test_ready(client):

@@ -12,6 +12,7 @@ from podium.server.app import create_app
 from podium.settings import Settings
 from tests.conftest import SERVED
 from tests.server.responses_check import check_stream, sse_events
+from tests.server.apps import served
 
 URL = "/v1/responses"
 THINK = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -308,7 +309,7 @@ def test_truncation_of_a_long_history_takes_a_few_renders(app_for):
         items += [{"role": "user", "content": f"question {turn} " + "word " * 20},
                   {"role": "assistant", "content": f"answer {turn}"}]
     items.append({"role": "user", "content": "last question"})
-    dialect = c.app.state.dialect
+    dialect = served(c.app).dialect
     renders = []
     real = dialect.prompt
 

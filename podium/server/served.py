@@ -1,0 +1,134 @@
+"""A loaded model and what speaks to it; how a model's engine is made and estimated.
+
+``Served`` is what ``Models`` (podium/models.py) holds for a loaded model: its engine, its
+dialect (template, parsers or Harmony) and the per-model half of each API's service, all
+made with the model's own settings. The app finds it by the request's ``model``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podium.api.chat import ChatService
+from podium.api.completions import CompletionService
+from podium.api.messages import MessagesService
+from podium.api.responses.planner import Planner
+from podium.dialect import Dialect
+from podium.dialect import select as select_dialect
+from podium.engine.base import Engine
+from podium.models import ModelConfig
+from podium.settings import Settings
+
+if TYPE_CHECKING:
+    from podium.api.conversations import ConversationsService
+    from podium.api.sealing import Sealer
+    from podium.store.base import ResponseStore
+
+log = logging.getLogger("podium.models")
+
+
+@dataclass(eq=False)
+class Served:
+    name: str
+    settings: Settings          # the model's own
+    engine: Engine
+    dialect: Dialect
+    chat: ChatService
+    completions: CompletionService
+    messages: MessagesService
+    planner: Planner            # the Responses API's, for this model
+    resident: int | None = None     # resident memory its load added (bytes), if measured
+
+    async def aclose(self) -> None:
+        """Unload: the engine closes and frees its memory; nothing here is used again."""
+        await self.engine.aclose()
+
+
+class Loader:
+    """Makes a model's ``Served``: its engine (loaded off the event loop), its dialect, its
+    services over the server's store, sealer and conversations."""
+
+    def __init__(self, store: ResponseStore, sealer: Sealer,
+                 conversations: ConversationsService):
+        self._store, self._sealer, self._conversations = store, sealer, conversations
+
+    async def load(self, config: ModelConfig) -> Served:
+        started, before = time.monotonic(), resident_bytes()
+        engine = await asyncio.to_thread(make_engine, config.source, config.name)
+        try:
+            served = self.serve(config, engine)
+        except BaseException:
+            await engine.aclose()
+            raise
+        after = resident_bytes()
+        served.resident = after - before if after is not None and before is not None else None
+        log.info("model %s: engine ready in %.2f s (context %d tokens)", config.name,
+                 time.monotonic() - started, engine.info.context_length)
+        return served
+
+    def serve(self, config: ModelConfig, engine: Engine) -> Served:
+        """What speaks to ``engine``, a loaded model (a bad template or parser: ValueError)."""
+        settings: Settings = config.source
+        dialect = select_dialect(engine, settings)
+        return Served(config.name, settings, engine, dialect,
+                      ChatService(engine, dialect, settings),
+                      CompletionService(engine, settings),
+                      MessagesService(engine, dialect, settings, self._sealer),
+                      Planner(engine, dialect, self._store, settings, self._sealer,
+                              self._conversations))
+
+
+def make_engine(settings: Settings, name: str,
+                loop: asyncio.AbstractEventLoop | None = None) -> Engine:
+    """The model's engine, loaded (blocking: seconds to minutes). vLLM lives on ``loop``
+    (the server's, not running yet) when given, else on a loop of its own."""
+    engine: Engine
+    if settings.engine != "llamacpp":       # every option checked before vLLM starts
+        from podium.engine.vllm.options import vllm_engine
+
+        path, engine = vllm_engine(settings, name, loop=loop)
+    else:
+        from podium.engine.llamacpp.engine import LlamaCppEngine
+        from podium.engine.llamacpp.model_files import resolve_model
+
+        path = resolve_model(settings.spec, settings.model_file)
+        engine = LlamaCppEngine(path, served_name=name,
+                                n_ctx=settings.ctx_size, n_batch=settings.batch_size,
+                                n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
+                                max_queued=settings.max_queued_requests,
+                                deterministic=settings.deterministic,
+                                grammar_ms_per_token=settings.grammar_ms_per_token)
+    log.info("model %s: %s (context %d tokens)", name, path, engine.info.context_length)
+    return engine
+
+
+def estimate(config: ModelConfig) -> int:
+    """The memory a llama.cpp model will hold once loaded (bytes, from its file's metadata;
+    blocking, about a tenth of a second); 0 for vLLM, whose memory is its own settings'
+    share (--gpu-memory-utilization)."""
+    settings: Settings = config.source
+    if settings.engine != "llamacpp":
+        return 0
+    from podium.engine.llamacpp.estimate import estimate as llama_estimate
+    from podium.engine.llamacpp.model_files import resolve_model
+
+    path = resolve_model(settings.spec, settings.model_file)
+    return llama_estimate(path, n_ctx=settings.ctx_size, n_seq=max(1, settings.max_num_seqs),
+                          n_batch=settings.batch_size,
+                          repack=not settings.deterministic).total
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux), else None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
