@@ -197,10 +197,11 @@ class Models:
             entry._idle = None
         return entry
 
-    def hold(self, entry: Entry) -> None:
+    def hold(self, entry: Entry) -> Callable[[], None]:
         """One more user of a model already held (a background response outliving its
-        request): busy until a matching ``release``."""
+        request): busy until the returned release is called."""
         entry.active += 1
+        return lambda: self.release(entry)
 
     def release(self, entry: Entry) -> None:
         entry.active -= 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, Literal
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Literal
 
 import orjson
 from fastapi import FastAPI, Query, Request
@@ -118,11 +118,12 @@ async def model_of(request: Request, name: str) -> Served:
 
 
 def create_app(settings: Settings, served: Engine | list[ModelConfig],
-               loaded: dict[str, Engine] | None = None) -> FastAPI:
+               loaded: dict[str, Engine] | None = None,
+               make: Callable[[Settings, str], Engine] | None = None) -> FastAPI:
     """The app serving ``served``: one loaded engine (a server of one model, named by its
     engine), or the catalog's models (podium/catalog.py) with those ``loaded`` at start by
-    name; the others load on their first request. Models, engines and the store close when
-    the app shuts down. ValueError if a ``--model-alias`` names no model, or a pinned model
+    name; the others load on their first request (``make``: how an engine is made, by default
+    ``served.make_engine``). Models, engines and the store close when the app shuts down. ValueError if a ``--model-alias`` names no model, or a pinned model
     is over the memory budget."""
     if isinstance(served, list):
         configs, engines = served, dict(loaded or {})
@@ -133,7 +134,7 @@ def create_app(settings: Settings, served: Engine | list[ModelConfig],
     sealer = Sealer(load_key(settings.secret_key, data_dir()), settings.max_seal_bytes)
     conversations = ConversationsService(ConversationStore(store.engine), settings, sealer)
     responses = ResponsesService(store, settings, sealer, conversations)
-    loader = Loader(store, sealer, conversations)
+    loader = Loader(store, sealer, conversations, make)
     models = Models(configs, loader.load, max_loaded=settings.max_loaded_models,
                     budget=settings.budget_bytes(), load_timeout=settings.load_timeout,
                     grace=settings.shutdown_grace,

@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from podium.api.chat import ChatService
 from podium.api.completions import CompletionService
@@ -54,12 +54,15 @@ class Loader:
     services over the server's store, sealer and conversations."""
 
     def __init__(self, store: ResponseStore, sealer: Sealer,
-                 conversations: ConversationsService):
+                 conversations: ConversationsService,
+                 make: Callable[[Settings, str], Engine] | None = None):
+        """``make``: the engine maker (``make_engine``; a test gives its own)."""
         self._store, self._sealer, self._conversations = store, sealer, conversations
+        self._make = make or make_engine
 
     async def load(self, config: ModelConfig) -> Served:
         started, before = time.monotonic(), resident_bytes()
-        engine = await asyncio.to_thread(make_engine, config.source, config.name)
+        engine = await asyncio.to_thread(self._make, config.source, config.name)
         try:
             served = self.serve(config, engine)
         except BaseException:
