@@ -1,11 +1,12 @@
-"""``podium serve --engine vllm`` end to end on the default model's weights (a bf16 folder made
-from the GGUF once), driven by the ``openai`` SDK. Runs where vLLM is installed
-(``./dev test-vllm``, which CI runs)."""
+"""``podium serve`` with a vLLM model end to end on the default model's weights (a bf16 folder
+made from the GGUF once), driven by the ``openai`` SDK, beside a llama.cpp model of the same
+server. Runs where vLLM is installed (``./dev test-vllm``, which CI runs)."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -13,7 +14,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.e2e.conftest import MODEL, podium_serve  # noqa: E402
+from podium.engine.llamacpp.model_files import default_model_path  # noqa: E402
+from tests.e2e.conftest import MODEL, podium_process  # noqa: E402
 
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -22,11 +24,31 @@ WEATHER = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def server():
-    with podium_serve("--engine", "vllm", "--enforce-eager", "--engine-arg",
-                      "kv_cache_memory_bytes=1073741824", "--ctx-size", "4096",
-                      "--log-level", "warning", timeout=600) as url:
-        yield url
+def served(tmp_path_factory):
+    # the vLLM model is pinned (loaded at start, on the server's loop); the llama.cpp one
+    # loads on demand
+    config = tmp_path_factory.mktemp("vllm") / "podium.toml"
+    config.write_text(f'''
+ctx-size = 4096
+[[models]]
+name = "{MODEL}"
+engine = "vllm"
+enforce-eager = true
+engine-arg = ["kv_cache_memory_bytes=1073741824"]
+pinned = true
+[[models]]
+name = "gguf"
+model = "{default_model_path()}"
+ctx-size = 2048
+''')
+    with podium_process("--config", str(config), "--log-level", "warning",
+                        timeout=600) as (url, process):
+        yield url, process
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +122,49 @@ def test_a_client_that_leaves_ends_the_vllm_request(server):
                 break               # a few tokens in, the client goes
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        stats = httpx.get(f"{server}/health").json()["engine"]
+        stats = httpx.get(f"{server}/health").json()["models"][MODEL]["engine"]
         if stats["running"] == 0 and stats["waiting"] == 0:
             break
         time.sleep(0.2)
     assert stats["running"] == 0 and stats["waiting"] == 0, stats
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of a process and its descendants (vLLM's engine core is a child)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def test_beside_a_llamacpp_model_unloaded_and_loaded_again_on_demand(served, client):
+    # (last in this module: the vLLM model comes back on a loop of its own)
+    url, process = served
+    r = client.chat.completions.create(model="gguf", max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert r.choices[0].message.content
+    loaded = tree_rss(process.pid)
+    card = httpx.post(f"{url}/v1/models/{MODEL}/unload", timeout=120).json()
+    assert card["state"] == "unloaded"
+    freed = loaded - tree_rss(process.pid)
+    print(f"unloading the vLLM model freed {freed / 2**20:.0f} MiB")
+    assert freed > 1024 * 2**20              # its KV cache (1 GiB) and its weights
+    again = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
+                                           messages=[{"role": "user", "content": "Hi"}])
+    assert again.choices[0].message.content
+    health = httpx.get(f"{url}/health").json()["models"][MODEL]
+    assert (health["loads"], health["unloads"], health["state"]) == (2, 1, "loaded")

@@ -310,3 +310,28 @@ def test_stats_name_the_contract_figures_and_count_a_request(engine):
     assert 0 <= after["kv_tokens"] <= after["kv_capacity"]
     if engine.capabilities.prefix_cache:
         assert after["kv_tokens"] > 0
+
+
+@pytest.fixture
+def engine_kind(request) -> str:
+    return request.node.callspec.params["engine"]
+
+
+def test_loaded_off_the_loop_then_unloaded_answers_as_the_first(engine, engine_kind,
+                                                                 model_path):
+    """Load and unload, as a server of several models does them: a second engine of the same
+    model, made in a worker thread while a loop runs, answers as the first; its close frees
+    it and a second close is harmless."""
+    expected = tokens(run(engine, request(engine, "Name a colour.", max_tokens=6)))
+
+    async def cycle() -> list[int]:
+        second = await asyncio.to_thread(ENGINES[engine_kind], model_path)
+        try:
+            got = await asyncio.wait_for(collect(second.generate(
+                request(second, "Name a colour.", max_tokens=6))), 120)
+        finally:
+            await second.aclose()
+        await second.aclose()
+        return tokens(got)
+
+    assert asyncio.run(cycle()) == expected
