@@ -315,7 +315,12 @@ class Models:
     def _idle_unload(self, entry: Entry) -> None:
         entry._idle = None
         if entry.active == 0 and entry.state == "loaded":
-            asyncio.ensure_future(self._unload(entry, "idle"))
+            asyncio.ensure_future(self._unload_idle(entry))
+
+    async def _unload_idle(self, entry: Entry) -> None:
+        # asked again when the task runs: a request may have taken the model since
+        if entry.active == 0 and entry.state == "loaded" and entry._idle is None:
+            await self._unload(entry, "idle")
 
     async def _unload(self, entry: Entry, reason: str) -> None:
         if entry._idle is not None:

@@ -261,3 +261,30 @@ def test_names_must_be_unique_and_pinned_models_must_fit():
         Models([ModelConfig("a"), ModelConfig("b", aliases=("a",))], Loader())
     with pytest.raises(ValueError, match="budget"):
         Models([ModelConfig("a", estimate=2 * MB, pinned=True)], Loader(), budget=MB)
+
+
+def test_a_request_arriving_as_the_keep_alive_fires_keeps_its_model():
+    async def main():
+        loader = Loader(seconds=0)
+        m = models(loader, ModelConfig("a", keep_alive=0.05))
+        async with m.use("a"):
+            pass
+        entry = m.entry("a")
+        assert entry._idle is not None
+        entry._idle.cancel()
+        m._idle_unload(entry)           # the timer fires: the unload is scheduled ...
+        async with m.use("a") as engine:        # ... and a request comes before it runs
+            await asyncio.sleep(0.1)
+            assert entry.state == "loaded" and not engine.closed
+        assert loader.loads == ["a"]
+    run(main())
+
+
+def test_glob_aliases_match_whole_names_in_order():
+    m = models(Loader(), ModelConfig("a", aliases=("claude-*", "gpt-4o")),
+               ModelConfig("b", aliases=("claude-haiku-*",)))
+    assert m.entry("claude-haiku-4-5").name == "a"          # the first glob in order
+    assert m.entry("gpt-4o").name == "a"
+    for name in ("Claude-x", "gpt-4o-mini", "my-claude-x"):
+        with pytest.raises(ModelNotFound, match="serves 'a', 'b'"):
+            m.entry(name)
