@@ -216,6 +216,9 @@ class Settings:
         for name in ("model", "model_alias", "preload"):
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, str) else tuple(value or ()))
+        if not isinstance(self.models, (list, tuple)):
+            raise ValueError("models: give [[models]] tables in the config file")
+        self.models = tuple(self.models)
         for entry in self.model_alias:  # a malformed entry fails here, before any loading
             _alias(entry)
         if not self.mcp_timeout > 0:
@@ -280,7 +283,8 @@ class Settings:
         parsed = {k: v for k, v in vars(build_parser(cls).parse_args(argv or [])).items()
                   if v is not None}
         from_env = {f.name: _from_env(f, environ[ENV_PREFIX + f.name.upper()])
-                    for f in dataclasses.fields(cls) if ENV_PREFIX + f.name.upper() in environ}
+                    for f in dataclasses.fields(cls) if ENV_PREFIX + f.name.upper() in environ
+                    and not f.metadata.get("file_only")}
         path = parsed.get("config") or from_env.get("config")
         values = _from_file(cls, path) if path else {}
         values.update(from_env)

@@ -108,3 +108,11 @@ def test_memory_budget_sizes(given, expected):
 def test_a_malformed_memory_budget_is_a_start_up_error(given):
     with pytest.raises(ValueError, match="--memory-budget"):
         Settings(memory_budget=given)
+
+
+def test_models_come_only_from_tables(tmp_path):
+    assert Settings.from_sources([], {"PODIUM_MODELS": "x"}).models == ()   # not a variable
+    config = tmp_path / "podium.toml"
+    config.write_text('models = "x"\n')
+    with pytest.raises(ValueError, match=r"\[\[models\]\] tables"):
+        Settings.from_sources(["--config", str(config)], {})

@@ -214,6 +214,14 @@ def _stats(entry: Entry) -> dict[str, Any]:
     return out
 
 
+def _keeper(request: Request) -> Callable[[], Callable[[], None]]:
+    """What keeps the request's model (``model_of``'s) loaded past the request's end (a
+    background response): call it for a release."""
+    models: Models = request.app.state.models
+    entry = request.scope[HELD][-1]
+    return lambda: models.hold(entry)
+
+
 def _owner(request: Request) -> str:
     """Who the request's stored responses belong to: its API key's id (set by
     APIKeyMiddleware), or the one owner of a server without keys."""
@@ -238,12 +246,10 @@ def _routes(app: FastAPI) -> None:
     @app.post("/v1/responses", responses=_STREAMING)
     async def create_response(body: ResponsesRequest, request: Request):
         async def create() -> Any:
-            models: Models = request.app.state.models
             served = await model_of(request, body.model)
-            entry = request.scope[HELD][-1]
             return await request.app.state.responses.create(
                 body, _owner(request), served.planner, small=small(request),
-                hold=lambda: models.hold(entry))
+                hold=_keeper(request))
         return respond(await unless_gone(request, create()), ResponsesSSE)
 
     @app.get("/v1/responses/{response_id}", responses=_STREAMING)
