@@ -334,6 +334,8 @@ class Models:
                 await asyncio.sleep(0.05)
             if engine is not None:
                 await engine.aclose()
+        except Exception:  # noqa: BLE001 - one model's failed close is its own: logged
+            log.exception("model %s: its engine failed to close (%s)", entry.name, reason)
         finally:
             entry.state, entry.error = "unloaded", None
             entry.unloads += 1

@@ -288,3 +288,20 @@ def test_glob_aliases_match_whole_names_in_order():
     for name in ("Claude-x", "gpt-4o-mini", "my-claude-x"):
         with pytest.raises(ModelNotFound, match="serves 'a', 'b'"):
             m.entry(name)
+
+
+def test_an_engine_that_fails_to_close_does_not_take_the_others_down():
+    async def main():
+        loader = Loader(seconds=0)
+        m = models(loader)
+        async with m.use("a") as a:
+            async def broken() -> None:
+                raise RuntimeError("double free")
+            a.aclose = broken
+        async with m.use("b"):
+            pass
+        await m.unload("a")                     # logged, not raised
+        assert m.entry("a").state == "unloaded" and m.entry("b").state == "loaded"
+        async with m.use("a") as again:         # and it loads again
+            assert again is not a
+    run(main())

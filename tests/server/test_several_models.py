@@ -279,3 +279,11 @@ def test_memory_budget(several, tokenizer):
         create_app(Settings(memory_budget="1G"), [
             ModelConfig("big", estimate=2 * 2**30, pinned=True, source=Settings())],
             make=farm)
+
+
+def test_preloaded_and_pinned_models_load_at_start(several, tokenizer):
+    farm = Farm(tokenizer, load_seconds=0)
+    c = several(farm, [ModelConfig("a", preload=True), ModelConfig("b"),
+                       ModelConfig("p", pinned=True)])
+    assert state(c) == {"a": "loaded", "b": "unloaded", "p": "loaded"}
+    assert c.get("/ready").json()["models"] == ["a", "p"]
