@@ -70,8 +70,11 @@ class Loader:
             raise
         after = resident_bytes()
         served.resident = after - before if after is not None and before is not None else None
-        log.info("model %s: engine ready in %.2f s (context %d tokens)", config.name,
-                 time.monotonic() - started, engine.info.context_length)
+        log.info("model %s: engine ready in %.2f s (context %d tokens; memory estimated "
+                 "%.0f MiB, resident growth %s)", config.name, time.monotonic() - started,
+                 engine.info.context_length, config.estimate / 2**20,
+                 f"{served.resident / 2**20:.0f} MiB" if served.resident is not None
+                 else "unknown")
         return served
 
     def serve(self, config: ModelConfig, engine: Engine) -> Served:
