@@ -27,6 +27,7 @@ from podium.protocol.conversations import (ConversationCreateRequest,
                                            ConversationUpdateRequest, ItemsCreateRequest)
 from podium.protocol.messages import CountTokensRequest, MessagesRequest
 from podium.protocol.responses import ResponsesRequest
+from podium.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from podium.server import errors
 from podium.server.lifecycle import Drain
 from podium.server.middleware import (APIKeyMiddleware, BodyLimitMiddleware, LimitMiddleware,
@@ -292,6 +293,18 @@ def _routes(app: FastAPI) -> None:
         served = await model_of(request, body.model)
         return json_response(await served.messages.count_tokens(body, _owner(request),
                                                                 small=small(request)))
+
+    @app.post("/tokenize", responses=_ERRORS)
+    async def tokenize(body: TokenizeRequest, request: Request):
+        """The tokens of a ``prompt``, or of ``messages`` rendered as a chat request would
+        be (vLLM's shape): ``tokens``, ``count``, ``max_model_len``."""
+        served = await model_of(request, body.model)
+        return json_response(await served.tokens.tokenize(body, small=small(request)))
+
+    @app.post("/detokenize", responses=_ERRORS)
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        served = await model_of(request, body.model)
+        return json_response(await served.tokens.detokenize(body, small=small(request)))
 
     @app.get("/v1/models")
     async def list_models(request: Request):

@@ -53,6 +53,7 @@ def endpoint_of(path: str) -> str:
         action = path.rsplit("/", 1)[1]
         return "/v1/models/{id}" + (f"/{action}" if action in ("load", "unload") else "")
     return path if path in (*GENERATING, "/v1/messages/count_tokens", "/v1/models",
+                            "/tokenize", "/detokenize",
                             *OPEN_PATHS) else "other"
 
 

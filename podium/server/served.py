@@ -18,6 +18,7 @@ from podium.api.chat import ChatService
 from podium.api.completions import CompletionService
 from podium.api.messages import MessagesService
 from podium.api.responses.planner import Planner
+from podium.api.tokenize import TokenizeService
 from podium.dialect import Dialect
 from podium.dialect import select as select_dialect
 from podium.engine.base import Engine
@@ -42,6 +43,7 @@ class Served:
     completions: CompletionService
     messages: MessagesService
     planner: Planner            # the Responses API's, for this model
+    tokens: TokenizeService     # /tokenize and /detokenize
     resident: int | None = None     # resident memory its load added (bytes), if measured
 
     async def aclose(self) -> None:
@@ -86,7 +88,8 @@ class Loader:
                       CompletionService(engine, settings),
                       MessagesService(engine, dialect, settings, self._sealer),
                       Planner(engine, dialect, self._store, settings, self._sealer,
-                              self._conversations))
+                              self._conversations),
+                      TokenizeService(engine, dialect))
 
 
 def make_engine(settings: Settings, name: str,
