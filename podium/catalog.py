@@ -26,7 +26,7 @@ PER_MODEL = frozenset({
     "distributed_executor_backend", "gpu_memory_utilization", "enforce_eager", "engine_arg"})
 # a table's own keys, about the model rather than its settings
 TABLE_KEYS = frozenset({"name", "aliases", "kind", "keep_alive", "pinned", "preload"})
-KINDS = ("chat",)
+KINDS = ("chat", "embedding")
 
 
 def catalog(settings: Settings) -> list[ModelConfig]:
@@ -53,7 +53,7 @@ def catalog(settings: Settings) -> list[ModelConfig]:
                     else default_name(mine))
         keep = own.get("keep_alive", None if single else settings.keep_alive)
         configs.append(ModelConfig(
-            name, aliases=tuple(own.get("aliases", ())), kind=own.get("kind", "chat"),
+            name, aliases=tuple(own.get("aliases", ())), kind=own.get("kind", "auto"),
             keep_alive=float(keep) or None if keep is not None else None,
             pinned=own.get("pinned", single),
             preload=own.get("preload", False) or name in settings.preload
@@ -70,9 +70,9 @@ def catalog(settings: Settings) -> list[ModelConfig]:
     return configs
 
 
-def of_engine(settings: Settings, name: str) -> list[ModelConfig]:
+def of_engine(settings: Settings, name: str, kind: str = "chat") -> list[ModelConfig]:
     """A server of one engine, loaded already: its one model, called ``name``."""
-    configs = [ModelConfig(name, pinned=True, source=settings)]
+    configs = [ModelConfig(name, pinned=True, source=settings, kind=kind)]
     _aliases(settings, configs)
     return configs
 

@@ -57,12 +57,14 @@ def _serve(settings: Settings, runner: asyncio.Runner) -> None:
     from podium.catalog import catalog
     from podium.server.app import create_app
     from podium.server.lifecycle import Server
-    from podium.server.served import estimate, make_engine, resident_bytes
+    from podium.server.served import detect_kind, estimate, make_engine, resident_bytes
 
     log = logging.getLogger("podium")
     configs = catalog(settings)         # every setting checked before anything loads
     for config in configs:
         try:
+            if config.kind == "auto":
+                config.kind = detect_kind(config)
             config.estimate = estimate(config)
         except Exception as exc:  # noqa: BLE001 - estimated again when it loads
             if config.pinned:
@@ -76,7 +78,7 @@ def _serve(settings: Settings, runner: asyncio.Runner) -> None:
     for config in configs:
         if config.pinned:
             before = resident_bytes()
-            loaded[config.name] = make_engine(config.source, config.name,
+            loaded[config.name] = make_engine(config.source, config.name, config.kind,
                                               loop=runner.get_loop())
             after = resident_bytes()
             if before is not None and after is not None:

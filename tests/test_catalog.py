@@ -84,7 +84,7 @@ pinned = true
     ('model = "x"\nctx-size = "big"', "ctx-size = 'big' is not a int"),
     ('model = "x"\nkeep-alive = -1', "keep-alive must be seconds"),
     ('model = "x"\npinned = "yes"', "pinned must be true or false"),
-    ('model = "x"\nkind = "vision"', "kind must be one of chat"),
+    ('model = "x"\nkind = "vision"', "kind must be one of chat, embedding"),
     ('model = "x"\naliases = "gpt-*"', "aliases must be a list"),
     ('model = 3', "model must be a path or repo id"),
     ('name = ""\nmodel = "x"', "name must be a non-empty string"),

@@ -19,10 +19,11 @@ from podium.api.responses import ResponsesService
 from podium.api.sealing import Sealer, load_key
 from podium.catalog import of_engine
 from podium.engine.base import Engine
-from podium.errors import error_body
+from podium.errors import InvalidRequestError, error_body
 from podium.models import Entry, ModelConfig, Models
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
+from podium.protocol.embeddings import EmbeddingsRequest, RerankRequest
 from podium.protocol.conversations import (ConversationCreateRequest,
                                            ConversationUpdateRequest, ItemsCreateRequest)
 from podium.protocol.messages import CountTokensRequest, MessagesRequest
@@ -107,20 +108,30 @@ class PodiumApp(FastAPI):
                 self.state.models.release(entry)
 
 
+_KINDS = {"chat": "a chat model", "embedding": "an embedding model"}
+_ROUTES = {"chat": "chat, completions, responses and messages",
+           "embedding": "/v1/embeddings"}
 HELD = "podium.held"    # the scope's list of models a request holds (released at its end)
 
 
-async def model_of(request: Request, name: str) -> Served:
+async def model_of(request: Request, name: str, kind: str = "chat") -> Served:
     """The model the request names, loaded (waiting for it), held until the response ends:
-    a model serving a request is never unloaded. 404 for a name no model answers to."""
-    entry = await request.app.state.models.acquire(name)
+    a model serving a request is never unloaded. 404 for a name no model answers to; 400
+    for a model of another kind than the route's (an embedding model asked to chat)."""
+    models: Models = request.app.state.models
+    entry = models.entry(name)
+    if entry.config.kind not in ("auto", kind):
+        raise InvalidRequestError(
+            f"'{name}' is {_KINDS[entry.config.kind]}: it serves {_ROUTES[entry.config.kind]}",
+            param="model")
+    entry = await models.acquire(name)
     request.scope[HELD].append(entry)
     return entry.engine
 
 
 def create_app(settings: Settings, served: Engine | list[ModelConfig],
                loaded: dict[str, Engine] | None = None,
-               make: Callable[[Settings, str], Engine] | None = None) -> FastAPI:
+               make: Callable[[Settings, str, str], Engine] | None = None) -> FastAPI:
     """The app serving ``served``: one loaded engine (a server of one model, named by its
     engine), or the catalog's models (podium/catalog.py) with those ``loaded`` at start by
     name; the others load on their first request (``make``: how an engine is made, by default
@@ -129,7 +140,8 @@ def create_app(settings: Settings, served: Engine | list[ModelConfig],
     if isinstance(served, list):
         configs, engines = served, dict(loaded or {})
     else:
-        configs, engines = of_engine(settings, served.info.served_name), {
+        configs, engines = of_engine(settings, served.info.served_name,
+                                     getattr(served, "kind", "chat")), {
             served.info.served_name: served}
     store = SQLStore(settings.store_url)
     sealer = Sealer(load_key(settings.secret_key, data_dir()), settings.max_seal_bytes)
@@ -197,6 +209,8 @@ def _model_card(entry: Entry, asked: str | None = None) -> dict[str, Any]:
             "resident_memory": served.resident if served else None}
     if served is not None:
         card["max_model_len"] = served.engine.info.context_length
+    if entry.config.kind == "embedding":
+        card["rerank"] = "cosine"       # /v1/rerank scores by its embeddings' similarity
     if entry.config.aliases:
         card["aliases"] = list(entry.config.aliases)
     if entry.error is not None:
@@ -293,6 +307,24 @@ def _routes(app: FastAPI) -> None:
         served = await model_of(request, body.model)
         return json_response(await served.messages.count_tokens(body, _owner(request),
                                                                 small=small(request)))
+
+    @app.post("/v1/embeddings", responses=_ERRORS)
+    async def embeddings(body: EmbeddingsRequest, request: Request):
+        """OpenAI's embeddings: one vector per input, floats or base64."""
+        async def create() -> Any:
+            served = await model_of(request, body.model, "embedding")
+            return await served.embeddings.create(body, small=small(request))
+        return json_response(await unless_gone(request, create()))
+
+    async def rerank(body: RerankRequest, request: Request):
+        """The documents by relevance to the query (Cohere's / Jina's shape)."""
+        async def create() -> Any:
+            served = await model_of(request, body.model, "embedding")
+            return await served.embeddings.rerank(body, small=small(request))
+        return json_response(await unless_gone(request, create()))
+
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        app.post(path, responses=_ERRORS)(rerank)
 
     @app.post("/tokenize", responses=_ERRORS)
     async def tokenize(body: TokenizeRequest, request: Request):

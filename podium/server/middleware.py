@@ -26,7 +26,8 @@ from podium.errors import (AuthenticationError, Overloaded, PayloadTooLarge, Pod
 from podium.server.errors import anthropic
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+              "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from podium.api.chat import ChatService
 from podium.api.completions import CompletionService
+from podium.api.embeddings import EmbeddingService
 from podium.api.messages import MessagesService
 from podium.api.responses.planner import Planner
 from podium.api.tokenize import TokenizeService
@@ -44,6 +45,7 @@ class Served:
     messages: MessagesService
     planner: Planner            # the Responses API's, for this model
     tokens: TokenizeService     # /tokenize and /detokenize
+    embeddings: EmbeddingService
     resident: int | None = None     # resident memory its load added (bytes), if measured
 
     async def aclose(self) -> None:
@@ -57,14 +59,16 @@ class Loader:
 
     def __init__(self, store: ResponseStore, sealer: Sealer,
                  conversations: ConversationsService,
-                 make: Callable[[Settings, str], Engine] | None = None):
+                 make: Callable[[Settings, str, str], Engine] | None = None):
         """``make``: the engine maker (``make_engine``; a test gives its own)."""
         self._store, self._sealer, self._conversations = store, sealer, conversations
         self._make = make or make_engine
 
     async def load(self, config: ModelConfig) -> Served:
+        if config.kind == "auto":
+            config.kind = await asyncio.to_thread(detect_kind, config)
         started, before = time.monotonic(), resident_bytes()
-        engine = await asyncio.to_thread(self._make, config.source, config.name)
+        engine = await asyncio.to_thread(self._make, config.source, config.name, config.kind)
         try:
             served = self.serve(config, engine)
         except BaseException:
@@ -89,15 +93,24 @@ class Loader:
                       MessagesService(engine, dialect, settings, self._sealer),
                       Planner(engine, dialect, self._store, settings, self._sealer,
                               self._conversations),
-                      TokenizeService(engine, dialect))
+                      TokenizeService(engine, dialect), EmbeddingService(engine))
 
 
-def make_engine(settings: Settings, name: str,
+def make_engine(settings: Settings, name: str, kind: str = "chat",
                 loop: asyncio.AbstractEventLoop | None = None) -> Engine:
     """The model's engine, loaded (blocking: seconds to minutes). vLLM lives on ``loop``
-    (the server's, not running yet) when given, else on a loop of its own."""
+    (the server's, not running yet) when given, else on a loop of its own. ``kind``
+    embedding: an embeddings context (llama.cpp)."""
     engine: Engine
-    if settings.engine != "llamacpp":       # every option checked before vLLM starts
+    if kind == "embedding":
+        if settings.engine != "llamacpp":
+            raise ValueError("embedding models are served by the llama.cpp engine for now")
+        from podium.engine.llamacpp.embed import LlamaEmbedder
+        from podium.engine.llamacpp.model_files import resolve_model
+
+        path = resolve_model(settings.spec, settings.model_file)
+        engine = LlamaEmbedder(path, served_name=name, n_threads=settings.threads)
+    elif settings.engine != "llamacpp":     # every option checked before vLLM starts
         from podium.engine.vllm.options import vllm_engine
 
         path, engine = vllm_engine(settings, name, loop=loop)
@@ -130,6 +143,24 @@ def estimate(config: ModelConfig) -> int:
     return llama_estimate(path, n_ctx=settings.ctx_size, n_seq=max(1, settings.max_num_seqs),
                           n_batch=settings.batch_size,
                           repack=not settings.deterministic).total
+
+
+def detect_kind(config: ModelConfig) -> str:
+    """What a model is for, from its file: a llama.cpp model whose GGUF declares a pooling
+    (mean, CLS, last token) is an embedding model; the rest (and vLLM's) chat models."""
+    settings: Settings = config.source
+    if settings.engine != "llamacpp":
+        return "chat"
+    from podium.engine.llamacpp.model import LlamaModel
+    from podium.engine.llamacpp.model_files import resolve_model
+
+    model = LlamaModel(resolve_model(settings.spec, settings.model_file), vocab_only=True)
+    try:
+        arch = model.metadata.get("general.architecture", "")
+        pooling = model.metadata.get(f"{arch}.pooling_type")
+    finally:
+        model.close()
+    return "embedding" if pooling in ("1", "2", "3") else "chat"
 
 
 def resident_bytes() -> int | None:

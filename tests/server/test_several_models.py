@@ -38,7 +38,7 @@ class Farm:
         self.fail: str | None = None
         self.delay = 0.0
 
-    def __call__(self, settings: Settings, name: str) -> ScriptedEngine:
+    def __call__(self, settings: Settings, name: str, kind: str = "chat") -> ScriptedEngine:
         time.sleep(self.load_seconds)
         if self.fail:
             raise RuntimeError(self.fail)

@@ -35,7 +35,7 @@ def _init_backend() -> None:
 class LlamaModel:
     def __init__(self, path: Path, *, vocab_only: bool = False, n_ctx: int = 0,
                  n_batch: int = 512, n_threads: int = 0, n_seq_max: int = 1,
-                 extra_buffers: bool = True):
+                 extra_buffers: bool = True, embeddings: bool = False):
         _init_backend()
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = vocab_only
@@ -52,11 +52,13 @@ class LlamaModel:
         if not vocab_only:
             # n_ctx is per sequence: each gets its own KV region (llama.cpp splits the total)
             self.ctx = self._new_context((n_ctx or self.n_ctx_train) * n_seq_max, n_batch,
-                                         n_threads, n_seq_max)
+                                         n_threads, n_seq_max, embeddings)
             self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
 
-    def _new_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq_max: int):
+    def _new_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq_max: int,
+                     embeddings: bool = False):
         params = llama_cpp.llama_context_default_params()
+        params.embeddings = embeddings          # pooled vectors (the model's pooling)
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max

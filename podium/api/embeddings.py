@@ -1,0 +1,120 @@
+"""The Embeddings adapter: inputs in, one vector each out (``POST /v1/embeddings``).
+
+Text is tokenized with the model's own tokenizer (special tokens as the model adds them);
+token ids are taken as they are. The engine embeds every input of every request in shared
+batches; the answer is OpenAI's list of embeddings, as floats or as base64 of little-endian
+float32 (what the SDKs decode).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import sys
+from array import array
+from typing import Any
+
+from podium.engine.base import Engine
+from podium.errors import InvalidRequestError
+from podium.generation import off_loop
+from podium.generation import new_id
+from podium.protocol.embeddings import EmbeddingsRequest, RerankRequest
+
+
+class EmbeddingService:
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    async def create(self, req: EmbeddingsRequest, *, small: bool = False) -> dict[str, Any]:
+        embed = getattr(self._engine, "embed", None)
+        if embed is None:
+            raise InvalidRequestError(f"'{req.model}' is a chat model: it does not serve "
+                                      f"embeddings", param="model")
+        dims = getattr(self._engine, "dimensions", None)
+        if req.dimensions is not None and req.dimensions != dims:
+            raise InvalidRequestError(
+                f"'{req.model}' gives {dims}-dimensional embeddings and is not trained to be "
+                f"shortened; leave dimensions out (or give {dims})", param="dimensions")
+        inputs = await off_loop(self._inputs, req, inline=small)
+        vectors = await embed(inputs)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _base64(v) if req.encoding_format == "base64" else v}
+                for i, v in enumerate(vectors)]
+        used = sum(len(ids) for ids in inputs)
+        return {"object": "list", "data": data, "model": req.model,
+                "usage": {"prompt_tokens": used, "total_tokens": used}}
+
+    async def rerank(self, req: RerankRequest, *, small: bool = False) -> dict[str, Any]:
+        """The documents by relevance to the query: with an embedding model, the cosine
+        similarity of their vectors (a reranker's own head is not served yet)."""
+        texts = [req.query] + [d if isinstance(d, str) else d.text for d in req.documents]
+        wire = EmbeddingsRequest.model_construct(
+            model=req.model, input=texts, encoding_format="float", dimensions=None,
+            truncate_prompt_tokens=req.truncate_prompt_tokens)
+        try:
+            inputs = await off_loop(self._inputs, wire, inline=small)
+        except InvalidRequestError as exc:          # input[0] is the query, the rest docs
+            index = int(exc.param.split("[")[1].split("]")[0]) if exc.param else 0
+            exc.param = "query" if index == 0 else f"documents[{index - 1}]"
+            raise
+        embed = getattr(self._engine, "embed", None)
+        if embed is None:
+            raise InvalidRequestError(f"'{req.model}' is a chat model: it does not rerank",
+                                      param="model")
+        query, *docs = await embed(inputs)
+        scores = [_cosine(query, d) for d in docs]
+        order = sorted(range(len(docs)), key=lambda i: -scores[i])[:req.top_n]
+        results = []
+        for i in order:
+            result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+            if req.return_documents:
+                result["document"] = {"text": texts[i + 1]}
+            results.append(result)
+        used = sum(len(ids) for ids in inputs)
+        return {"id": new_id("rerank"), "model": req.model, "results": results,
+                "usage": {"total_tokens": used}}
+
+    def _inputs(self, req: EmbeddingsRequest) -> list[list[int]]:
+        raw: Any = req.input
+        tokenizer = self._engine.tokenizer
+        if isinstance(raw, str):
+            raw = [raw]
+        if raw and isinstance(raw[0], int):
+            raw = [raw]                                 # one input of token ids
+        limit = self._engine.info.context_length
+        keep = req.truncate_prompt_tokens
+        keep = limit if keep == -1 else keep
+        out: list[list[int]] = []
+        for i, item in enumerate(raw):
+            if isinstance(item, str):
+                if not item:
+                    raise InvalidRequestError("an input is empty", param=f"input[{i}]")
+                ids = tokenizer.encode(item)
+            else:
+                ids = list(item)
+                for j, token in enumerate(ids):
+                    if token >= tokenizer.vocab_size:
+                        raise InvalidRequestError(
+                            f"token {token} is not in the model's vocabulary",
+                            param=f"input[{i}][{j}]")
+            if keep is not None:
+                ids = ids[-min(keep, limit):]
+            if len(ids) > limit:
+                raise InvalidRequestError(
+                    f"input {i} has {len(ids)} tokens, more than this model's {limit}; "
+                    f"shorten it, or set truncate_prompt_tokens", param=f"input[{i}]")
+            out.append(ids)
+        return out
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    norms = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return dot / norms if norms else 0.0
+
+
+def _base64(vector: list[float]) -> str:
+    packed = array("f", vector)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode()

@@ -1,0 +1,208 @@
+"""An embedding model on llama.cpp: an embeddings context with the model's own pooling.
+
+``LlamaEmbedder.embed(inputs)`` takes token ids and gives one vector per input. A worker thread
+packs the queued inputs of every request into one decode (up to ``n_seq`` sequences and
+``n_batch`` tokens; an encoder model reads a whole sequence in one pass, so ``n_batch`` is at
+least the model's context), reads each sequence's pooled vector (the pooling llama.cpp takes
+from the file: mean, CLS or last token), normalizes it when the model does, and hands each
+request its vectors once all of its inputs are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+
+from podium.engine.base import ENGINE_STATS, Capabilities, EngineStats, ModelInfo
+from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
+from podium.errors import InvalidRequestError, RateLimited
+
+log = logging.getLogger(__name__)
+
+NORMALIZE_KEY = "podium.normalize"      # written by convert.py: the model's Normalize module
+MAX_SEQ_KEY = "podium.max_seq_length"   # and its max_seq_length
+POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+
+@dataclass(eq=False)
+class _Job:
+    inputs: list[list[int]]
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
+    vectors: list[list[float] | None] = field(default_factory=list)
+    left: int = 0
+    failed: bool = False
+
+
+class LlamaEmbedder:
+    capabilities = Capabilities(sampling=False, grammar=False, logprobs=False,
+                                prefix_cache=False)
+    kind = "embedding"
+
+    def __init__(self, path: Path, *, served_name: str, n_seq: int = 32, n_batch: int = 4096,
+                 n_threads: int = 0, max_queued: int = 4096):
+        probe = LlamaModel(path, vocab_only=True)       # (its n_ctx_train reads 0)
+        arch = probe.metadata.get("general.architecture", "")
+        n_ctx = int(probe.metadata.get(f"{arch}.context_length", "512"))
+        # the longest input the model was trained on as an embedder (sentence-transformers'
+        # max_seq_length, which convert.py keeps): 256 for MiniLM, whose positions go to 512
+        n_ctx = min(n_ctx, int(probe.metadata.get(MAX_SEQ_KEY, n_ctx)))
+        probe.close()
+        self._n_batch = max(n_batch, n_ctx)
+        self._model = LlamaModel(path, n_ctx=n_ctx, n_batch=self._n_batch, n_threads=n_threads,
+                                 n_seq_max=n_seq, embeddings=True)
+        self.tokenizer = LlamaTokenizer(self._model)
+        meta = self._model.metadata
+        self.pooling = POOLINGS.get(llama_cpp.llama_pooling_type(self._model.ctx), "mean")
+        if self.pooling == "none":
+            self._model.close()
+            raise ValueError(f"{path} has no pooling: it gives a vector per token, not one "
+                             f"per input")
+        self.normalize = meta.get(NORMALIZE_KEY, "true").lower() in ("true", "1")
+        self.dimensions = llama_cpp.llama_model_n_embd(self._model.model)
+        self.info = ModelInfo(served_name=served_name, context_length=n_ctx,
+                              chat_template=None, created=int(path.stat().st_mtime),
+                              metadata=meta)
+        self._n_seq = n_seq
+        self._max_queued = max_queued
+        self._queued = 0                    # inputs waiting (event loop only)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._closing = False
+        self.stats = EngineStats(*ENGINE_STATS)
+        self._worker = threading.Thread(target=self._run, name="podium-embed", daemon=True)
+        self._worker.start()
+
+    # -- the boundary -------------------------------------------------------------------
+
+    async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One vector per input (each at most the model's context, non-empty)."""
+        for i, ids in enumerate(inputs):
+            if not ids or len(ids) > self.info.context_length:
+                raise InvalidRequestError(
+                    f"input {i} has {len(ids)} tokens; this model takes 1 to "
+                    f"{self.info.context_length}", param=f"input[{i}]")
+        if self._queued + len(inputs) > self._max_queued:
+            raise RateLimited(f"{self._queued} inputs are waiting to be embedded; try again "
+                              f"shortly")
+        loop = asyncio.get_running_loop()
+        job = _Job(inputs, loop, loop.create_future(), [None] * len(inputs), len(inputs))
+        self._queued += len(inputs)
+        self.stats["waiting"] += len(inputs)
+        self._jobs.put(job)
+        try:
+            return await job.done
+        finally:
+            self._queued -= len(inputs)
+            self.stats["waiting"] -= len(inputs)
+            if not job.done.done():
+                job.failed = True           # the caller left: its rest is skipped
+
+    def check_room(self, n: int = 1) -> None:
+        raise InvalidRequestError(f"'{self.info.served_name}' is an embedding model: it "
+                                  f"serves /v1/embeddings, not text generation",
+                                  param="model")
+
+    def generate(self, request):            # noqa: ANN001 - refused (check_room first)
+        self.check_room()
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._jobs.put(None)
+        await asyncio.to_thread(self._free)
+
+    def _free(self) -> None:
+        self._worker.join()
+        llama_cpp.llama_batch_free(self._batch)
+        self._model.close()
+
+    # -- the worker thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        pending: list[tuple[_Job, int]] = []        # (job, input index) not yet embedded
+        while True:
+            block = not pending
+            try:
+                while True:
+                    job = self._jobs.get(block=block)
+                    block = False
+                    if job is None:
+                        self._fail_all(pending)
+                        return
+                    pending += [(job, i) for i in range(len(job.inputs))]
+            except queue.Empty:
+                pass
+            pending = [(job, i) for job, i in pending if not job.failed]
+            if not pending:
+                continue
+            taken, tokens = 0, 0
+            for job, i in pending:
+                n = len(job.inputs[i])
+                if taken == self._n_seq or tokens + n > self._n_batch:
+                    break
+                taken, tokens = taken + 1, tokens + n
+            batch, pending = pending[:taken], pending[taken:]
+            try:
+                vectors = self._decode([job.inputs[i] for job, i in batch])
+            except Exception as exc:  # noqa: BLE001 - the requests are told
+                log.exception("embedding decode failed")
+                for job, _ in batch:
+                    job.failed = True
+                    self._settle(job, exc)
+                continue
+            for (job, i), vector in zip(batch, vectors):
+                job.vectors[i] = vector
+                job.left -= 1
+                if job.left == 0:
+                    self._settle(job, None)
+
+    def _decode(self, inputs: list[list[int]]) -> list[list[float]]:
+        ctx, b = self._model.ctx, self._batch
+        memory = llama_cpp.llama_get_memory(ctx)
+        if memory:
+            llama_cpp.llama_memory_clear(memory, True)
+        n = 0
+        for seq, ids in enumerate(inputs):
+            for pos, token in enumerate(ids):
+                b.token[n], b.pos[n], b.n_seq_id[n] = token, pos, 1
+                b.seq_id[n][0], b.logits[n] = seq, True
+                n += 1
+        b.n_tokens = n
+        if llama_cpp.llama_decode(ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+        out = []
+        for seq in range(len(inputs)):
+            ptr = llama_cpp.llama_get_embeddings_seq(ctx, seq)
+            vector = list(ptr[:self.dimensions])
+            if self.normalize:
+                norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+                vector = [x / norm for x in vector]
+            out.append(vector)
+        self.stats["requests"] += len(inputs)
+        return out
+
+    def _settle(self, job: _Job, exc: BaseException | None) -> None:
+        def settle() -> None:
+            if job.done.done():
+                return
+            if exc is not None:
+                job.done.set_exception(exc)
+            else:
+                job.done.set_result(job.vectors)
+        job.loop.call_soon_threadsafe(settle)
+
+    def _fail_all(self, pending: list[tuple[_Job, int]]) -> None:
+        for job in {job for job, _ in pending}:
+            self._settle(job, RuntimeError("the model was unloaded"))

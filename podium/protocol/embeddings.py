@@ -1,0 +1,43 @@
+"""``POST /v1/embeddings`` request model (OpenAI's shape, plus vLLM's truncation)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from podium.protocol.common import LENIENT
+
+MAX_INPUTS = 2048
+
+Strings = Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS)]
+Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+IdLists = Annotated[list[Ids], Field(min_length=1, max_length=MAX_INPUTS)]
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = LENIENT
+    model: str
+    input: str | Strings | Ids | IdLists
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    # vLLM's: keep only the last k tokens of each input (-1: as many as the model takes)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+
+class Document(BaseModel):
+    model_config = LENIENT
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """Cohere's and Jina's rerank shape (vLLM's too)."""
+
+    model_config = LENIENT
+    model: str
+    query: str = Field(min_length=1)
+    documents: Annotated[list[str | Document], Field(min_length=1, max_length=1000)]
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)

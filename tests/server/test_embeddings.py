@@ -1,0 +1,146 @@
+"""``POST /v1/embeddings`` on a real embedding model (all-MiniLM-L6-v2 from PyPI as a GGUF,
+llama.cpp's embeddings context), driven by the ``openai`` SDK; vectors checked against
+sentence-transformers' own (tests/data/all_minilm_l6_v2_reference.json)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from pathlib import Path
+
+import openai
+import pytest
+from starlette.testclient import TestClient
+
+from podium.engine.llamacpp.embed import LlamaEmbedder
+from podium.engine.llamacpp.model_files import EMBED_MODEL, default_model_path
+from podium.server.app import create_app
+from podium.settings import Settings
+
+REFERENCE = json.loads((Path(__file__).parent.parent / "data" /
+                        "all_minilm_l6_v2_reference.json").read_text())["items"]
+NAME = "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    engine = LlamaEmbedder(default_model_path(EMBED_MODEL), served_name=NAME, n_threads=2)
+    db = tmp_path_factory.mktemp("embed") / "s.db"
+    with TestClient(create_app(Settings(store_url=f"sqlite:///{db}"), engine),
+                    raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def sdk(http):
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,
+                           max_retries=0)
+    yield client
+
+
+def cosine(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) *
+                                                        sum(y * y for y in b))
+
+
+def test_vectors_match_sentence_transformers(sdk):
+    texts = [item["text"] for item in REFERENCE]
+    for fmt in ("float", "base64", None):       # the SDK asks for base64 when not told
+        extra = {"encoding_format": fmt} if fmt else {}
+        answer = sdk.embeddings.create(model=NAME, input=texts, **extra)
+        assert [d.index for d in answer.data] == list(range(len(texts)))
+        for got, item in zip(answer.data, REFERENCE):
+            vector = got.embedding
+            if isinstance(vector, str):         # asked for base64: the SDK leaves it so
+                vector = struct.unpack("<384f", base64.b64decode(vector))
+            assert len(vector) == 384
+            assert cosine(vector, item["embedding"]) >= 0.999, item["text"]
+            assert abs(math.sqrt(sum(x * x for x in vector)) - 1) < 1e-3
+        assert answer.usage.prompt_tokens == sum(len(i["token_ids"]) for i in REFERENCE)
+        assert answer.usage.total_tokens == answer.usage.prompt_tokens
+
+
+def test_base64_is_the_float32_of_the_floats(http):
+    body = {"model": NAME, "input": "A lighthouse on a cliff."}
+    floats = http.post("/v1/embeddings", json=body).json()["data"][0]["embedding"]
+    packed = http.post("/v1/embeddings", json={**body, "encoding_format": "base64"}
+                       ).json()["data"][0]["embedding"]
+    decoded = struct.unpack(f"<{len(floats)}f", base64.b64decode(packed))
+    assert all(abs(a - b) < 1e-6 for a, b in zip(decoded, floats))
+
+
+def test_token_ids_and_batches(http):
+    item = REFERENCE[0]
+    one = http.post("/v1/embeddings", json={"model": NAME, "input": item["token_ids"]}).json()
+    assert cosine(one["data"][0]["embedding"], item["embedding"]) >= 0.999
+    many = http.post("/v1/embeddings", json={"model": NAME, "input": [
+        item["token_ids"]] * 3}).json()
+    assert len(many["data"]) == 3 and many["usage"]["prompt_tokens"] == 3 * len(
+        item["token_ids"])
+    texts = [f"Sentence number {i} about the sea." for i in range(2048)]
+    big = http.post("/v1/embeddings", json={"model": NAME, "input": texts}).json()
+    assert len(big["data"]) == 2048
+    # batched with the others, each vector is what it is alone
+    alone = http.post("/v1/embeddings", json={"model": NAME, "input": texts[1234]}).json()
+    assert cosine(big["data"][1234]["embedding"], alone["data"][0]["embedding"]) > 0.9999
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": ""}, "input[0]"),
+    ({"input": []}, "input"),
+    ({"input": ["ok", ""]}, "input[1]"),
+    ({"input": "word " * 300}, "input[0]"),                 # over its 256 tokens
+    ({"input": [[1, 2], [10**8]]}, "input[1][0]"),
+    ({"input": "x", "dimensions": 128}, "dimensions"),
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": ["x"] * 2049}, "input"),
+])
+def test_bad_requests_name_their_parameter(http, body, param):
+    r = http.post("/v1/embeddings", json={"model": NAME, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_truncation_on_request_and_dimensions_as_they_are(http):
+    long = "word " * 600
+    r = http.post("/v1/embeddings", json={"model": NAME, "input": long,
+                                          "truncate_prompt_tokens": 100})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 100
+    r = http.post("/v1/embeddings", json={"model": NAME, "input": long,
+                                          "truncate_prompt_tokens": -1})
+    assert r.json()["usage"]["prompt_tokens"] == 256
+    assert http.post("/v1/embeddings", json={"model": NAME, "input": "x", "dimensions": 384}
+                     ).status_code == 200
+
+
+def test_an_embedding_model_does_not_chat_and_says_what_it_is_for(http):
+    r = http.post("/v1/chat/completions", json={"model": NAME, "messages": [
+        {"role": "user", "content": "Hi"}]})
+    assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
+    card = http.get(f"/v1/models/{NAME}").json()
+    assert card["kind"] == "embedding" and card["rerank"] == "cosine"
+
+
+def test_rerank_orders_documents_by_relevance(http):
+    query = "How do I bake bread at home?"
+    documents = ["The stock market fell sharply on Tuesday.",
+                 "How do I bake bread at home?",
+                 {"text": "A simple recipe for baking a loaf of bread in your own kitchen."},
+                 "Penguins live in the southern hemisphere."]
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        r = http.post(path, json={"model": NAME, "query": query, "documents": documents,
+                                  "top_n": 3, "return_documents": True}).json()
+        assert [x["index"] for x in r["results"]][:2] == [1, 2]     # duplicate, paraphrase
+        assert len(r["results"]) == 3
+        scores = [x["relevance_score"] for x in r["results"]]
+        assert scores == sorted(scores, reverse=True) and scores[0] > 0.99
+        assert r["results"][1]["document"] == {"text": documents[2]["text"]}
+        assert r["usage"]["total_tokens"] > 0
+    bare = http.post("/v1/rerank", json={"model": NAME, "query": query,
+                                         "documents": documents}).json()
+    assert len(bare["results"]) == 4 and "document" not in bare["results"][0]
+    bad = http.post("/v1/rerank", json={"model": NAME, "query": query,
+                                        "documents": ["ok", ""]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents[1]"
