@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from podium.engine.llamacpp.model_files import GEMMA_MODEL, default_model_path
+from podium.engine.llamacpp.model_files import EMBED_MODEL, GEMMA_MODEL, default_model_path
 from tests.e2e.conftest import podium_process
 
 TEMPLATE = Path(__file__).parent.parent / "data" / "gemma3.jinja"
@@ -51,6 +51,9 @@ keep-alive = 2
 [[models]]
 name = "broken"
 model = "{broken}"
+[[models]]
+name = "minilm"
+model = "{default_model_path(EMBED_MODEL)}"
 ''')
     with podium_process("--config", str(config), "--log-level", "warning") as (url, process):
         sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -90,7 +93,7 @@ def test_loaded_on_demand_and_the_least_recently_used_makes_room(served):
     unload_all(url)
     assert set(states(url).values()) <= {"unloaded", "failed"}
     models = sdk.models.list()
-    assert {m.id for m in models} == {"qwen", "gemma", "brief", "broken"}
+    assert {m.id for m in models} == {"qwen", "gemma", "brief", "broken", "minilm"}
     assert ask(sdk, "qwen").choices[0].message.content
     assert states(url)["qwen"] == "loaded"
     assert ask(sdk, "gemma").choices[0].message.content
@@ -226,3 +229,19 @@ def test_each_model_speaks_its_own_template(served):
                                  max_output_tokens=1, temperature=0)
     assert second.model == "gemma"
     assert second.usage.input_tokens > alone.usage.input_tokens + 10      # the history came
+
+
+def test_an_embedding_model_among_the_chat_models(served):
+    url, _, sdk, _ = served
+    card = sdk.models.retrieve("minilm").model_dump()
+    assert card["kind"] == "embedding"                  # detected from its file
+    vectors = sdk.embeddings.create(model="minilm", input=["a red apple", "a green apple",
+                                                           "tax law"]).data
+    a, b, c = (v.embedding for v in vectors)
+    assert len(a) == 384
+    assert sum(x * y for x, y in zip(a, b)) > sum(x * y for x, y in zip(a, c))
+    with pytest.raises(openai.BadRequestError, match="embedding model"):
+        ask(sdk, "minilm")
+    with pytest.raises(openai.BadRequestError, match="chat model"):
+        sdk.embeddings.create(model="qwen", input="x")
+    assert ask(sdk, "qwen").choices[0].message.content     # and back to chat
