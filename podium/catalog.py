@@ -95,6 +95,10 @@ def default_name(settings: Settings) -> str:
     spec = settings.spec
     if not spec:
         return DEFAULT_MODEL.served_name
+    from podium.engine.llamacpp.model_files import EMBED_MODEL, GEMMA_MODEL
+
+    if spec in (DEFAULT_MODEL.served_name, GEMMA_MODEL.served_name, EMBED_MODEL.served_name):
+        return spec                                             # a packaged model's name
     if settings.engine != "llamacpp":
         path = Path(spec).expanduser()
         if path.is_dir() or path.suffix == ".gguf":

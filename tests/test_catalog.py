@@ -116,3 +116,11 @@ def test_models_come_only_from_tables(tmp_path):
     config.write_text('models = "x"\n')
     with pytest.raises(ValueError, match=r"\[\[models\]\] tables"):
         Settings.from_sources(["--config", str(config)], {})
+
+
+def test_packaged_models_by_name():
+    from podium.engine.llamacpp.model_files import EMBED_MODEL, default_model_path, resolve_model
+
+    chat, embed = catalog(Settings(model=("qwen2.5-coder-0.5b-instruct", "all-minilm-l6-v2")))
+    assert (chat.name, embed.name) == ("qwen2.5-coder-0.5b-instruct", "all-minilm-l6-v2")
+    assert resolve_model("all-minilm-l6-v2") == default_model_path(EMBED_MODEL)

@@ -106,9 +106,13 @@ def cache_dir() -> Path:
 
 
 def resolve_model(model: str | None, model_file: str | None = None) -> Path:
-    """The local GGUF path for ``--model`` (and ``--model-file``)."""
+    """The local GGUF path for ``--model`` (and ``--model-file``): a file, a hub repo, or
+    the name of a model Podium installs from PyPI (assembled or converted once)."""
     if not model:
         return default_model_path()
+    packaged = {m.served_name: m for m in (DEFAULT_MODEL, GEMMA_MODEL, EMBED_MODEL)}
+    if model in packaged:
+        return default_model_path(packaged[model])
     path = Path(model).expanduser()
     if path.is_file():
         return path
