@@ -81,7 +81,8 @@ class Entry:
     state: State = "unloaded"
     engine: Any = None                  # what the load made (a Loaded), while loaded
     error: str | None = None            # why its last load failed
-    active: int = 0                     # requests inside ``use``
+    active: int = 0                     # requests holding it (acquire .. release)
+    waiters: int = 0                    # requests waiting for its load: busy too
     last_used: float = 0.0
     loads: int = 0
     unloads: int = 0
@@ -187,10 +188,18 @@ class Models:
                 f"The model '{entry.name}' needs about {_mb(entry.config.estimate)} MB, more "
                 f"than this server's whole memory budget ({_mb(self.budget)} MB)",
                 param="model")
-        while True:
-            engine = await self._ensure(entry, "request")
-            if entry.state == "loaded" and entry.engine is engine:
-                break               # (else it was unloaded between the load and now)
+        entry.waiters += 1      # busy from now: a model just loaded for it is not evicted
+        try:                    # before this request has taken it
+            while True:
+                engine = await self._ensure(entry, "request")
+                if entry.state == "loaded" and entry.engine is engine:
+                    break           # (else it was unloaded between the load and now)
+        except BaseException:
+            entry.waiters -= 1
+            if entry.waiters == 0 and entry.active == 0 and entry.state == "loaded":
+                self._went_idle(entry)          # the last waiter left: idle after all
+            raise
+        entry.waiters -= 1
         entry.active += 1
         if entry._idle is not None:
             entry._idle.cancel()
@@ -206,7 +215,7 @@ class Models:
     def release(self, entry: Entry) -> None:
         entry.active -= 1
         entry.last_used = time.monotonic()
-        if entry.active == 0:
+        if entry.active == 0 and entry.waiters == 0:
             self._went_idle(entry)
 
     async def load(self, name: str) -> None:
@@ -259,7 +268,7 @@ class Models:
             entry.last_used = time.monotonic()
             log.info("model %s: loaded (%s) in %.2f s", entry.name, reason,
                      time.monotonic() - started)
-            if entry.active == 0:
+            if entry.active == 0 and entry.waiters == 0:
                 self._went_idle(entry)
             return engine
         finally:
@@ -281,7 +290,8 @@ class Models:
         deadline = time.monotonic() + self.load_timeout
         while not self._fits(entry):
             idle = sorted((e for e in self._loaded() if e is not entry and e.active == 0
-                           and e.state == "loaded" and not e.config.pinned),
+                           and e.waiters == 0 and e.state == "loaded"
+                           and not e.config.pinned),
                           key=lambda e: e.last_used)
             if idle:
                 await self._unload(idle[0], f"room for {entry.name}")
@@ -319,7 +329,8 @@ class Models:
 
     async def _unload_idle(self, entry: Entry) -> None:
         # asked again when the task runs: a request may have taken the model since
-        if entry.active == 0 and entry.state == "loaded" and entry._idle is None:
+        if (entry.active == 0 and entry.waiters == 0 and entry.state == "loaded"
+                and entry._idle is None):
             await self._unload(entry, "idle")
 
     async def _unload(self, entry: Entry, reason: str) -> None:

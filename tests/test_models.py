@@ -305,3 +305,38 @@ def test_an_engine_that_fails_to_close_does_not_take_the_others_down():
         async with m.use("a") as again:         # and it loads again
             assert again is not a
     run(main())
+
+
+def test_a_model_loaded_for_waiting_requests_is_not_evicted_before_they_take_it():
+    # (found by a simulation: on Python 3.12 and 3.13 the waiters of a fresh load resumed
+    # after a competing load had already evicted it as idle, both models by turns, and no
+    # request was ever served; waiting requests make a model busy)
+    async def main():
+        loader = Loader(seconds=0.05)
+        m = models(loader, ModelConfig("a", keep_alive=300), ModelConfig("b", keep_alive=300),
+                   max_loaded=1)
+        served: list[str] = []
+
+        async def ask(name):
+            async with m.use(name):
+                served.append(name)
+                await asyncio.sleep(0.05)
+
+        first = await m.acquire("a")
+        waiting = [asyncio.create_task(ask("b")) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        m.release(first)
+        await asyncio.sleep(0.02)
+        waiting.append(asyncio.create_task(ask("a")))
+        done, pending = await asyncio.wait(waiting, timeout=5)
+        assert not pending and sorted(served) == ["a", "b", "b", "b", "b"]
+        b = m.entry("b")
+        b_engine = await m.acquire("b")             # and the rule itself: a load's waiter
+        m.release(b_engine)                         # keeps it from being taken for room
+        b.waiters += 1
+        m.load_timeout = 0.1
+        with pytest.raises(ModelUnavailable):
+            await m.load("a")
+        assert b.state == "loaded"
+        b.waiters -= 1
+    run(main())
