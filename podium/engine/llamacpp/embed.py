@@ -21,7 +21,7 @@ from pathlib import Path
 import llama_cpp
 
 from podium.engine.base import ENGINE_STATS, Capabilities, EngineStats, ModelInfo
-from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
+from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer, shut_down
 from podium.errors import InvalidRequestError, RateLimited
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,7 @@ class LlamaEmbedder:
             return
         self._closing = True
         self._jobs.put(None)
-        await asyncio.to_thread(self._free)
-
-    def _free(self) -> None:
-        self._worker.join()
-        llama_cpp.llama_batch_free(self._batch)
-        self._model.close()
+        await shut_down(self._worker, self._batch, self._model)
 
     # -- the worker thread --------------------------------------------------------------
 

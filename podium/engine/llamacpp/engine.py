@@ -43,7 +43,7 @@ import llama_cpp
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
 from podium.engine.jobs import Job, JobOutputs
-from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
+from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer, shut_down
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
 from podium.errors import InvalidRequestError, Overloaded
 
@@ -163,12 +163,7 @@ class LlamaCppEngine:
             return
         self._closing = True
         self._jobs.put(None)
-        await asyncio.to_thread(self._free)
-
-    def _free(self) -> None:
-        self._worker.join()
-        llama_cpp.llama_batch_free(self._batch)
-        self._model.close()
+        await shut_down(self._worker, self._batch, self._model)
 
     # -- the worker thread ------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ vocabulary, shared by the embedded engine and the scripted test engine.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
@@ -92,6 +93,16 @@ class LlamaModel:
             llama_cpp.llama_model_free(self.model)
             self.model = None
             release_heap()
+
+
+async def shut_down(worker: threading.Thread, batch, model: LlamaModel) -> None:
+    """An engine's last step, off the event loop: its worker thread ends (it was told), then
+    its batch and its model are freed."""
+    def free() -> None:
+        worker.join()
+        llama_cpp.llama_batch_free(batch)
+        model.close()
+    await asyncio.to_thread(free)
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
