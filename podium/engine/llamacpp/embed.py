@@ -76,6 +76,7 @@ class LlamaEmbedder:
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._closing = False
+        self.decodes = 0                    # batches decoded (how well inputs were packed)
         self.stats = EngineStats(*ENGINE_STATS)
         self._worker = threading.Thread(target=self._run, name="podium-embed", daemon=True)
         self._worker.start()
@@ -84,6 +85,8 @@ class LlamaEmbedder:
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One vector per input (each at most the model's context, non-empty)."""
+        if self._closing:
+            raise RuntimeError("the model was unloaded")
         for i, ids in enumerate(inputs):
             if not ids or len(ids) > self.info.context_length:
                 raise InvalidRequestError(
@@ -177,6 +180,7 @@ class LlamaEmbedder:
         b.n_tokens = n
         if llama_cpp.llama_decode(ctx, b) != 0:
             raise RuntimeError("llama_decode failed")
+        self.decodes += 1
         out = []
         for seq in range(len(inputs)):
             ptr = llama_cpp.llama_get_embeddings_seq(ctx, seq)
