@@ -100,20 +100,18 @@ def make_engine(settings: Settings, name: str, kind: str = "chat",
                 loop: asyncio.AbstractEventLoop | None = None) -> Engine:
     """The model's engine, loaded (blocking: seconds to minutes). vLLM lives on ``loop``
     (the server's, not running yet) when given, else on a loop of its own. ``kind``
-    embedding: an embeddings context (llama.cpp)."""
+    embedding: llama.cpp's embeddings context, or vLLM's pooling runner."""
     engine: Engine
-    if kind == "embedding":
-        if settings.engine != "llamacpp":
-            raise ValueError("embedding models are served by the llama.cpp engine for now")
+    if settings.engine != "llamacpp":       # every option checked before vLLM starts
+        from podium.engine.vllm.options import vllm_engine
+
+        path, engine = vllm_engine(settings, name, loop=loop, kind=kind)
+    elif kind == "embedding":
         from podium.engine.llamacpp.embed import LlamaEmbedder
         from podium.engine.llamacpp.model_files import resolve_model
 
         path = resolve_model(settings.spec, settings.model_file)
         engine = LlamaEmbedder(path, served_name=name, n_threads=settings.threads)
-    elif settings.engine != "llamacpp":     # every option checked before vLLM starts
-        from podium.engine.vllm.options import vllm_engine
-
-        path, engine = vllm_engine(settings, name, loop=loop)
     else:
         from podium.engine.llamacpp.engine import LlamaCppEngine
         from podium.engine.llamacpp.model_files import resolve_model
@@ -146,10 +144,15 @@ def estimate(config: ModelConfig) -> int:
 
 
 def detect_kind(config: ModelConfig) -> str:
-    """What a model is for, from its file: a llama.cpp model whose GGUF declares a pooling
-    (mean, CLS, last token) is an embedding model; the rest (and vLLM's) chat models."""
+    """What a model is for, from its files: a GGUF that declares a pooling (mean, CLS, last
+    token), or a sentence-transformers folder (a Pooling module; vLLM), is an embedding
+    model; the rest chat models."""
     settings: Settings = config.source
-    if settings.engine != "llamacpp":
+    if settings.engine != "llamacpp":           # a sentence-transformers folder: embedding
+        folder = Path(settings.spec or "").expanduser()
+        modules = folder / "modules.json"
+        if folder.is_dir() and modules.is_file() and "Pooling" in modules.read_text()[:65536]:
+            return "embedding"
         return "chat"
     from podium.engine.llamacpp.model import LlamaModel
     from podium.engine.llamacpp.model_files import resolve_model

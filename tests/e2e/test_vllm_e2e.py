@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from podium.engine.llamacpp.model_files import default_model_path  # noqa: E402
+from podium.engine.llamacpp.model_files import (EMBED_MODEL, cache_dir,  # noqa: E402
+                                                default_model_path)
 from tests.e2e.conftest import MODEL, podium_process  # noqa: E402
 
 WEATHER = [{"type": "function", "function": {
@@ -25,6 +26,7 @@ WEATHER = [{"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    default_model_path(EMBED_MODEL)             # the embedding model's folder, unpacked
     # the vLLM model is pinned (loaded at start, on the server's loop); the llama.cpp one
     # loads on demand
     config = tmp_path_factory.mktemp("vllm") / "podium.toml"
@@ -40,6 +42,13 @@ pinned = true
 name = "gguf"
 model = "{default_model_path()}"
 ctx-size = 2048
+[[models]]
+name = "minilm"
+model = "{cache_dir() / EMBED_MODEL.folder_name}"
+engine = "vllm"
+ctx-size = 256
+enforce-eager = true
+engine-arg = ["kv_cache_memory_bytes=67108864"]
 ''')
     with podium_process("--config", str(config), "--log-level", "warning",
                         timeout=600) as (url, process):
@@ -149,6 +158,20 @@ def tree_rss(pid: int) -> int:
         except OSError:
             pass
     return total
+
+
+def test_a_vllm_embedding_model_loaded_on_demand(server, client):
+    card = client.models.retrieve("minilm").model_dump()
+    assert card["kind"] == "embedding"          # a sentence-transformers folder
+    first, second, other = (d.embedding for d in client.embeddings.create(
+        model="minilm", input=["a red apple", "a green apple", "tax law"]).data)
+    assert len(first) == 384 and abs(sum(x * x for x in first) - 1) < 1e-3
+    assert sum(x * y for x, y in zip(first, second)) > sum(x * y for x, y in zip(first, other))
+    with pytest.raises(openai.BadRequestError, match="embedding model"):
+        client.chat.completions.create(model="minilm", max_tokens=4,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    unloaded = httpx.post(f"{server}/v1/models/minilm/unload", timeout=120).json()
+    assert unloaded["state"] == "unloaded"
 
 
 def test_beside_a_llamacpp_model_unloaded_and_loaded_again_on_demand(served, client):

@@ -1,27 +1,79 @@
-"""The embedding engine (LlamaEmbedder) on the real packaged model: what ``embed`` promises
-(one normalized vector per input, the same alone or packed with others), its bounds, and its
-close."""
+"""The embedding engines on the real packaged model (llama.cpp's LlamaEmbedder on its GGUF;
+vLLM's pooling runner on its sentence-transformers folder where vLLM is installed): what
+``embed`` promises (one normalized vector per input, sentence-transformers' own, the same
+alone or batched with others), its bounds; the llama.cpp worker's packing and close."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from podium.engine.base import EngineRequest, SamplingParams
 from podium.engine.llamacpp.embed import LlamaEmbedder
-from podium.engine.llamacpp.model_files import EMBED_MODEL, default_model_path
+from podium.engine.llamacpp.model_files import EMBED_MODEL, cache_dir, default_model_path
 from podium.errors import InvalidRequestError
 
 TEXTS = [f"Sentence {i}: the lighthouse keeper climbed the stairs again." for i in range(40)]
+REFERENCE = json.loads((Path(__file__).parent.parent / "data" /
+                        "all_minilm_l6_v2_reference.json").read_text())["items"]
+
+
+def _vllm():
+    from podium.engine.vllm.engine import VllmEngine
+
+    default_model_path(EMBED_MODEL)                     # unpacks the folder too
+    return VllmEngine(cache_dir() / EMBED_MODEL.folder_name, served_name="e", kind="embedding",
+                      max_model_len=256, enforce_eager=True,
+                      engine_args={"kv_cache_memory_bytes": 64 << 20})
+
+
+EMBEDDERS = {"llamacpp": lambda: LlamaEmbedder(default_model_path(EMBED_MODEL),
+                                               served_name="e", n_threads=2)}
+if importlib.util.find_spec("vllm"):
+    EMBEDDERS["vllm"] = _vllm
+
+
+@pytest.fixture(scope="module", params=list(EMBEDDERS))
+def any_embedder(request):
+    engine = EMBEDDERS[request.param]()
+    yield engine
+    asyncio.run(engine.aclose())
 
 
 @pytest.fixture(scope="module")
 def embedder():
-    engine = LlamaEmbedder(default_model_path(EMBED_MODEL), served_name="e", n_threads=2)
+    engine = EMBEDDERS["llamacpp"]()
     yield engine
     asyncio.run(engine.aclose())
+
+
+def test_every_embedder_gives_sentence_transformers_vectors(any_embedder):
+    async def main():
+        batched = await any_embedder.embed([item["token_ids"] for item in REFERENCE])
+        alone = await any_embedder.embed([REFERENCE[0]["token_ids"]])
+        return batched, alone[0]
+
+    batched, alone = asyncio.run(main())
+    for vector, item in zip(batched, REFERENCE):
+        assert cosine(vector, item["embedding"]) >= 0.999, item["text"]
+        assert abs(math.sqrt(sum(x * x for x in vector)) - 1) < 1e-3
+    assert cosine(alone, batched[0]) > 0.9999
+    assert any_embedder.dimensions == 384 and any_embedder.kind == "embedding"
+
+
+def test_every_embedder_bounds_its_inputs_and_refuses_to_generate(any_embedder):
+    async def main():
+        with pytest.raises(InvalidRequestError) as too_long:
+            await any_embedder.embed([[101, 102], [1996] * 300])
+        assert too_long.value.param == "input[1]"
+    asyncio.run(main())
+    with pytest.raises(InvalidRequestError, match="embedding model"):
+        any_embedder.check_room(1)
 
 
 def cosine(a, b) -> float:

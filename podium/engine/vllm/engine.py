@@ -28,6 +28,7 @@ vLLM counts cached free blocks as free).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import threading
@@ -120,6 +121,9 @@ def _stat_logger_class() -> Any:
     return PodiumStatLogger
 
 
+_EMBEDS = itertools.count()
+
+
 class VllmEngine:
     capabilities = Capabilities()       # sampling, grammars, logprobs, prefix caching: all
 
@@ -130,10 +134,13 @@ class VllmEngine:
                  data_parallel_size: int = 1, distributed_executor_backend: str | None = None,
                  gpu_memory_utilization: float | None = None,
                  engine_args: dict[str, Any] | None = None, startup_timeout: float = 900,
-                 loop: asyncio.AbstractEventLoop | None = None):
+                 loop: asyncio.AbstractEventLoop | None = None, kind: str = "chat"):
         """``loop``: a loop that is not running yet (the server's) for vLLM to live on: it
         runs while the engine starts, and only callers on it may generate. Without one,
-        vLLM gets a loop on a thread of its own, and callers may use any loop."""
+        vLLM gets a loop on a thread of its own, and callers may use any loop. ``kind``
+        embedding: vLLM's pooling runner (the model's own pooling and normalization, from
+        its sentence-transformers configuration); ``embed`` instead of ``generate``."""
+        self.kind = kind
         self.tokenizer = HfTokenizer.from_folder(model)
         self._max_num_seqs, self._max_queued = max_num_seqs, max_queued
         self._eos = self.tokenizer.eos_token_ids
@@ -148,6 +155,8 @@ class VllmEngine:
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
             data_parallel_size=data_parallel_size, disable_log_stats=True)
+        if kind == "embedding":
+            args.update(runner="pooling", enable_prefix_caching=False)
         if max_model_len:
             args["max_model_len"] = max_model_len
         if distributed_executor_backend:
@@ -186,6 +195,7 @@ class VllmEngine:
                               else int(time.time()),
                               metadata={"general.architecture": architecture(
                                   config.model_config.hf_config.model_type)})
+        self.dimensions = getattr(config.model_config.hf_config, "hidden_size", None)
 
     @classmethod
     def from_gguf(cls, path: Path, **options: Any) -> "VllmEngine":
@@ -211,9 +221,43 @@ class VllmEngine:
 
     # -- the boundary ---------------------------------------------------------------------
 
+    async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One vector per input (an embedding model's engine): vLLM batches them."""
+        if self.kind != "embedding":
+            raise InvalidRequestError(f"'{self.info.served_name}' is a chat model: it does "
+                                      f"not serve embeddings", param="model")
+        for i, ids in enumerate(inputs):
+            if not ids or len(ids) > self.info.context_length:
+                raise InvalidRequestError(
+                    f"input {i} has {len(ids)} tokens; this model takes 1 to "
+                    f"{self.info.context_length}", param=f"input[{i}]")
+        from vllm.pooling_params import PoolingParams
+
+        tag = f"embed-{next(_EMBEDS)}"
+
+        async def one(i: int, ids: list[int]) -> list[float]:
+            last = None
+            async for out in self._llm.encode({"prompt_token_ids": ids},
+                                              PoolingParams(task="embed"), f"{tag}-{i}"):
+                last = out
+            assert last is not None
+            return last.outputs.data.tolist()
+
+        async def every() -> list[list[float]]:
+            return list(await asyncio.gather(*(one(i, ids) for i, ids in enumerate(inputs))))
+
+        if asyncio.get_running_loop() is self._loop:
+            return await every()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(every(),
+                                                                          self._loop))
+
     def check_room(self, n: int = 1) -> None:
         """400 when ``n`` requests exceed ``max_num_seqs`` + ``max_queued``, 429 when they do
         not fit beside those in flight now."""
+        if self.kind == "embedding":
+            raise InvalidRequestError(f"'{self.info.served_name}' is an embedding model: it "
+                                      f"serves /v1/embeddings, not text generation",
+                                      param="model")
         capacity = self._max_num_seqs + self._max_queued
         if n > capacity:
             raise InvalidRequestError(

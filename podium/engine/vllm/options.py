@@ -117,7 +117,8 @@ def model_folder(settings: Settings) -> tuple[str, str]:
 
 
 def vllm_engine(settings: Settings, name: str | None = None,
-                loop: asyncio.AbstractEventLoop | None = None) -> tuple[Path, VllmEngine]:
+                loop: asyncio.AbstractEventLoop | None = None, kind: str = "chat"
+                ) -> tuple[Path, VllmEngine]:
     """Check every option, then start the engine serving the model as ``name`` (default:
     its folder's), on ``loop``, the server's, when given (else on a thread of its own):
     (what it loaded, as a path for the log: a hub id is not one on disk; the engine)."""
@@ -128,4 +129,5 @@ def vllm_engine(settings: Settings, name: str | None = None,
     folder, own = model_folder(settings)
     from podium.engine.vllm.engine import VllmEngine
 
-    return Path(folder), VllmEngine(folder, served_name=name or own, loop=loop, **options)
+    return Path(folder), VllmEngine(folder, served_name=name or own, loop=loop, kind=kind,
+                                    **options)
