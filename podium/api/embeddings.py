@@ -14,7 +14,7 @@ import sys
 from array import array
 from typing import Any
 
-from podium.engine.base import Engine
+from podium.engine.base import Embedder, Engine
 from podium.errors import InvalidRequestError
 from podium.generation import off_loop
 from podium.generation import new_id
@@ -26,17 +26,14 @@ class EmbeddingService:
         self._engine = engine
 
     async def create(self, req: EmbeddingsRequest, *, small: bool = False) -> dict[str, Any]:
-        embed = getattr(self._engine, "embed", None)
-        if embed is None:
-            raise InvalidRequestError(f"'{req.model}' is a chat model: it does not serve "
-                                      f"embeddings", param="model")
-        dims = getattr(self._engine, "dimensions", None)
+        engine = self._embedder(req.model, "serve embeddings")
+        dims = engine.dimensions
         if req.dimensions is not None and req.dimensions != dims:
             raise InvalidRequestError(
                 f"'{req.model}' gives {dims}-dimensional embeddings and is not trained to be "
                 f"shortened; leave dimensions out (or give {dims})", param="dimensions")
         inputs = await off_loop(self._inputs, req, inline=small)
-        vectors = await embed(inputs)
+        vectors = await engine.embed(inputs)
         data = [{"object": "embedding", "index": i,
                  "embedding": _base64(v) if req.encoding_format == "base64" else v}
                 for i, v in enumerate(vectors)]
@@ -57,11 +54,7 @@ class EmbeddingService:
             index = int(exc.param.split("[")[1].split("]")[0]) if exc.param else 0
             exc.param = "query" if index == 0 else f"documents[{index - 1}]"
             raise
-        embed = getattr(self._engine, "embed", None)
-        if embed is None:
-            raise InvalidRequestError(f"'{req.model}' is a chat model: it does not rerank",
-                                      param="model")
-        query, *docs = await embed(inputs)
+        query, *docs = await self._embedder(req.model, "rerank").embed(inputs)
         scores = [_cosine(query, d) for d in docs]
         order = sorted(range(len(docs)), key=lambda i: -scores[i])[:req.top_n]
         results = []
@@ -73,6 +66,13 @@ class EmbeddingService:
         used = sum(len(ids) for ids in inputs)
         return {"id": new_id("rerank"), "model": req.model, "results": results,
                 "usage": {"total_tokens": used}}
+
+    def _embedder(self, model: str, what: str) -> Embedder:
+        engine = self._engine
+        if not isinstance(engine, Embedder) or engine.kind != "embedding":
+            raise InvalidRequestError(f"'{model}' is a chat model: it does not {what}",
+                                      param="model")
+        return engine
 
     def _inputs(self, req: EmbeddingsRequest) -> list[list[int]]:
         raw: Any = req.input

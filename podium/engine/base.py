@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -180,3 +180,19 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None:
         """End the request soon: its last output has finish reason ``"abort"``."""
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """An engine serving an embedding model (``kind`` ``"embedding"``): ``embed`` instead of
+    ``generate`` (whose ``check_room`` is a 400 saying what the model is for).
+
+    ``embed`` gives one vector per input (token ids, 1 to ``info.context_length`` of them,
+    else ``InvalidRequestError`` naming ``input[i]``), pooled and normalized as the model
+    does, each the same whether it was embedded alone or batched with other requests'
+    inputs (tests/engine/test_embedder.py holds every embedder to this)."""
+
+    kind: str
+    dimensions: int | None
+
+    async def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
