@@ -294,6 +294,10 @@ def _routes(app: FastAPI) -> None:
             response_id, after, limit, order, _owner(request)))
 
     _conversation_routes(app)
+    # Ollama's API (/api/*): its own modules, which use this one's helpers (model_of, respond)
+    from podium.server import ollama_chat, ollama_models
+    ollama_chat.routes(app)
+    ollama_models.routes(app)
 
     @app.post("/v1/messages", responses=_STREAMING)
     async def messages(body: MessagesRequest, request: Request):
