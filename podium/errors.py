@@ -1,4 +1,4 @@
-"""Podium's exceptions, and how each becomes an OpenAI (or Anthropic) error body.
+"""Podium's exceptions, and how each becomes an OpenAI (Anthropic, Ollama) error body.
 
 Every error a client can see is one of these, raised where it is found and turned into
 ``{"error": {"message", "type", "param", "code"}}`` in exactly one handler
@@ -75,9 +75,11 @@ class NotFoundError(PodiumError):
 
 
 class ModelNotFound(NotFoundError):
-    """The request names a model this server does not serve (404)."""
+    """The request names a model this server does not serve (404). ``model``, when the
+    raiser knows it, is the name asked for (Ollama's clients read it in their own words)."""
 
     default_code = "model_not_found"
+    model: str | None = None
 
 
 class PayloadTooLarge(PodiumError):
@@ -138,6 +140,17 @@ def anthropic_error(status: int, message: str) -> tuple[int, dict[str, Any]]:
     kind = ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500
                                            else "api_error")
     return status, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def ollama_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """Ollama's status and error object, ``{"error": "message"}``. An unknown model is
+    said in Ollama's own words, which its clients match on."""
+    if not isinstance(exc, PodiumError):
+        return 500, {"error": "The server had an error while processing your request."}
+    message = exc.message
+    if isinstance(exc, ModelNotFound) and exc.model is not None:
+        message = f'model "{exc.model}" not found, try pulling it first ({exc.message})'
+    return exc.status_code, {"error": message}
 
 
 def anthropic_body(exc: BaseException) -> tuple[int, dict[str, Any]]:

@@ -19,7 +19,7 @@ from podium.api.responses import ResponsesService
 from podium.api.sealing import Sealer, load_key
 from podium.catalog import of_engine
 from podium.engine.base import Engine
-from podium.errors import InvalidRequestError, error_body
+from podium.errors import InvalidRequestError, ModelNotFound, error_body
 from podium.models import Entry, ModelConfig, Models
 from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
@@ -119,7 +119,11 @@ async def model_of(request: Request, name: str, kind: str = "chat") -> Served:
     a model serving a request is never unloaded. 404 for a name no model answers to; 400
     for a model of another kind than the route's (an embedding model asked to chat)."""
     models: Models = request.app.state.models
-    entry = models.entry(name)
+    try:
+        entry = models.entry(name)
+    except ModelNotFound as exc:
+        exc.model = name            # Ollama's routes say it in Ollama's words
+        raise
     if entry.config.kind not in ("auto", kind):
         raise InvalidRequestError(
             f"'{name}' is {_KINDS[entry.config.kind]}: it serves {_ROUTES[entry.config.kind]}",

@@ -1,6 +1,6 @@
-"""The one place where exceptions become error responses: OpenAI's shape, or Anthropic's on
-the Messages API's routes (``/v1/messages...``), request validation included (400, never
-FastAPI's 422)."""
+"""The one place where exceptions become error responses: OpenAI's shape, Anthropic's on
+the Messages API's routes (``/v1/messages...``), or Ollama's (``{"error": "..."}``) on its
+routes (``/api/...``), request validation included (400, never FastAPI's 422)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from podium import telemetry
-from podium.errors import PodiumError, anthropic_body, anthropic_error, error_body
+from podium.errors import (PodiumError, anthropic_body, anthropic_error, error_body,
+                           ollama_body)
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +29,32 @@ def anthropic(path: str) -> bool:
     return path == ANTHROPIC_PATHS or path.startswith(ANTHROPIC_PATHS + "/")
 
 
+OLLAMA_PATHS = "/api/"
+
+
+def ollama(path: str) -> bool:
+    """The route answers in Ollama's shapes."""
+    return path.startswith(OLLAMA_PATHS)
+
+
+def shaped(path: str, exc: PodiumError) -> tuple[int, dict[str, Any]]:
+    """The status and error body of ``exc`` in the shape of the API ``path`` belongs to."""
+    if anthropic(path):
+        return anthropic_body(exc)
+    if ollama(path):
+        return ollama_body(exc)
+    return exc.status_code, exc.to_body()
+
+
 def error_response(status: int, body: dict, headers: dict[str, str] | None = None,
                    request: Request | None = None) -> Response:
     """``body`` is OpenAI's error object; on an Anthropic route it is answered in Anthropic's
-    shape (and status: 529 when the engine is overloaded)."""
+    shape (and status: 529 when the engine is overloaded), on an Ollama route in Ollama's."""
     telemetry.note_error(body["error"].get("code") or body["error"]["type"])
     if request is not None and anthropic(request.url.path):
         status, body = anthropic_error(status, body["error"]["message"])
+    elif request is not None and ollama(request.url.path):
+        body = {"error": body["error"]["message"]}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json",
                     headers=headers)
 
@@ -60,9 +80,10 @@ async def on_podium_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, PodiumError)     # registered for PodiumError
     if exc.status_code >= 500:
         log.error("request failed: %s", exc.message)
-    if anthropic(request.url.path):
+    path = request.url.path
+    if anthropic(path) or ollama(path):
         telemetry.note_error(exc.code or exc.error_type)
-        status, body = anthropic_body(exc)
+        status, body = shaped(path, exc)
         return Response(orjson.dumps(body), status_code=status, media_type="application/json",
                         headers=exc.headers)
     return error_response(exc.status_code, exc.to_body(), headers=exc.headers)

@@ -22,25 +22,26 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from podium import telemetry
 from podium.errors import (AuthenticationError, Overloaded, PayloadTooLarge, PodiumError,
-                           RateLimited, anthropic_body)
-from podium.server.errors import anthropic
+                           RateLimited)
+from podium.server.errors import shaped
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-              "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank")
+              "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
+              "/api/chat", "/api/generate", "/api/embed", "/api/embeddings")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 async def _send_error(scope: Scope, send: Send, exc: PodiumError) -> None:
-    """The error in the shape of the API the path belongs to (Anthropic's or OpenAI's)."""
+    """The error in the shape of the API the path belongs to (OpenAI's, Anthropic's,
+    Ollama's)."""
     telemetry.note_error(exc.code or exc.error_type)
     headers = [(b"content-type", b"application/json")]
     if isinstance(exc, AuthenticationError):
         headers.append((b"www-authenticate", b"Bearer"))
     for name, value in (exc.headers or {}).items():
         headers.append((name.encode(), value.encode()))
-    status, body = (anthropic_body(exc) if anthropic(scope["path"])
-                    else (exc.status_code, exc.to_body()))
+    status, body = shaped(scope["path"], exc)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": orjson.dumps(body)})
 

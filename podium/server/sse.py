@@ -1,8 +1,10 @@
-"""Server-sent events at the HTTP edge: the one place objects are encoded and framed.
+"""Server-sent events (and NDJSON) at the HTTP edge: the one place objects are encoded and
+framed.
 
 A renderer (``render.base``) yields plain objects; an ``Encoder`` per wire format turns each
 into bytes: ``ChatSSE`` frames ``data:`` events and ends with ``data: [DONE]`` (Chat,
-Completions), ``ResponsesSSE`` and ``AnthropicSSE`` frame named events without ``[DONE]``.
+Completions), ``ResponsesSSE`` and ``AnthropicSSE`` frame named events without ``[DONE]``,
+``NDJSON`` writes one JSON object a line (Ollama).
 A ``Filled`` pair (a per-token chunk: a ``Shape`` and its text) is written from the shape's
 template, encoded once per stream: the token's text is the only JSON encoded per token. ``KEEPALIVE`` is an SSE
 comment. Once the 200 has been sent no status can change, so a failure mid-stream becomes an
@@ -21,7 +23,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from podium.errors import PodiumError, anthropic_body, error_body
+from podium.errors import PodiumError, anthropic_body, error_body, ollama_body
 from podium.render.base import HOLE, KEEPALIVE, Shape
 
 
@@ -72,6 +74,15 @@ def error_event_frame(exc: BaseException) -> bytes:
                         "param": body["param"], "sequence_number": 0})
 
 
+def ndjson_line(obj: Any) -> bytes:
+    """Ollama's framing: one JSON object a line."""
+    return orjson.dumps(obj) + b"\n"
+
+
+def ndjson_error(exc: BaseException) -> bytes:
+    return ndjson_line(ollama_body(exc)[1])
+
+
 # A comment: dropped by every SSE parser, yet it restarts the byte-level idle timers
 # (httpx's read timeout, undici's bodyTimeout, proxies') that are what Chat clients have.
 COMMENT = b": keepalive\n\n"
@@ -83,6 +94,7 @@ class Encoder:
     done = DONE
     frame = staticmethod(frame)
     error = staticmethod(error_frame)
+    headers = HEADERS
 
     def __init__(self) -> None:
         self._templates: dict[Shape, tuple[bytes, bytes]] = {}
@@ -123,6 +135,18 @@ class AnthropicSSE(ResponsesSSE):
     error = staticmethod(anthropic_error_frame)
 
 
+class NDJSON(Encoder):
+    """Ollama: newline-delimited JSON, one object a line, nothing after the last; an error
+    after the first byte is a line ``{"error": "..."}``. Ollama's renderers send no
+    ``KEEPALIVE`` (NDJSON has no comment every client would drop)."""
+
+    done = b""
+    frame = staticmethod(ndjson_line)
+    error = staticmethod(ndjson_error)
+    headers = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+
 class SSEResponse(Response):
     media_type = "text/event-stream"
 
@@ -131,7 +155,7 @@ class SSEResponse(Response):
         self._encoder = encoder
         self.status_code = 200
         self.background = None
-        self.raw_headers = list(HEADERS)
+        self.raw_headers = list(encoder.headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
