@@ -14,6 +14,11 @@ unloaded; it knows a model only as what ``load`` returns and its ``aclose`` free
   raises ``ModelUnavailable`` (503, Retry-After); a model whose estimate is over the whole
   budget is refused at once (400).
 - **Idle unload.** A model unused for its ``keep_alive`` seconds is unloaded (None: kept).
+  A request may set it for its model (``keep_alive``, Ollama's per-request value): the last
+  one given counts from the moment the model next goes idle, until the model unloads; 0
+  unloads it as soon as no request holds it. A pinned model has no idle deadline: only a 0
+  (an explicit unload, like ``unload``) changes anything for it. ``expires_at`` says when
+  an idle model is due to go.
 - **Unload** (``unload``, idle or eviction) stops admitting the model's requests, waits for
   those inside to finish (up to ``grace`` seconds, then closes anyway: their streams end
   with the engine's error), then closes its engine.
@@ -27,6 +32,7 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
@@ -88,8 +94,11 @@ class Entry:
     unloads: int = 0
     load_seconds: float = 0.0
     resident: int | None = None         # memory measured across its last load (bytes)
+    keep: float | None = None           # a request's keep-alive (seconds; inf: no idle
+                                        # unload; 0: unload once idle) until it unloads
+    deadline: float | None = None       # wall-clock time its idle unload is due
     _loading: asyncio.Future | None = field(default=None, repr=False)
-    _idle: asyncio.TimerHandle | None = field(default=None, repr=False)
+    _idle: asyncio.Handle | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -137,6 +146,8 @@ class Models:
         """The model called ``name`` (or an alias of it, or matching an alias glob, the first
         in order); 404 ``model_not_found``."""
         entry = self._names.get(name)
+        if entry is None and name.endswith(":latest"):     # Ollama's default tag: 'm:latest'
+            entry = self._names.get(name[:-len(":latest")])     # is 'm'
         if entry is None:
             entry = next((e for pattern, e in self._globs
                           if fnmatch.fnmatchcase(name, pattern)), None)
@@ -201,9 +212,7 @@ class Models:
             raise
         entry.waiters -= 1
         entry.active += 1
-        if entry._idle is not None:
-            entry._idle.cancel()
-            entry._idle = None
+        self._stop_idle(entry)
         return entry
 
     def hold(self, entry: Entry) -> Callable[[], None]:
@@ -220,6 +229,35 @@ class Models:
 
     async def load(self, name: str) -> None:
         await self._ensure(self.entry(name), "asked")
+
+    def keep_alive(self, name: str, seconds: float) -> None:
+        """A request's keep-alive for the model ``name``: once no request holds it, it is
+        unloaded after ``seconds`` (``math.inf``: kept; 0: at once), counted from then (from
+        now if it is idle already); it holds until the model unloads. A pinned model keeps
+        no idle deadline: only 0 counts for it."""
+        entry = self.entry(name)
+        if entry.config.pinned and seconds != 0:
+            return
+        entry.keep = seconds
+        if entry.state == "loaded" and entry.active == 0 and entry.waiters == 0:
+            self._stop_idle(entry)
+            self._went_idle(entry)
+
+    async def unload_when_idle(self, name: str) -> None:
+        """Unload the model ``name`` now if no request holds it (waiting for the unload),
+        else as soon as the last one ends (a keep-alive of 0)."""
+        entry = self.entry(name)
+        entry.keep = 0
+        if entry.state == "loaded" and entry.active == 0 and entry.waiters == 0:
+            await self._unload(entry, "keep-alive 0")
+
+    def expires_at(self, entry: Entry) -> float | None:
+        """When the loaded ``entry`` will be unloaded for idleness if no request takes it
+        (seconds since the epoch; for a busy model, counted from now), None: never."""
+        if entry._idle is not None:
+            return entry.deadline
+        keep = self._idle_seconds(entry)
+        return None if keep is None else time.time() + keep
 
     async def unload(self, name: str, reason: str = "asked") -> None:
         entry = self.entry(name)
@@ -314,29 +352,46 @@ class Models:
 
     # -- unloading ------------------------------------------------------------------------
 
+    def _idle_seconds(self, entry: Entry) -> float | None:
+        """How long the model stays loaded once idle (None: no idle unload)."""
+        keep = entry.keep
+        if keep is None:
+            keep = None if entry.config.pinned else entry.config.keep_alive
+        return None if keep is None or math.isinf(keep) else keep
+
     def _went_idle(self, entry: Entry) -> None:
         if self._waiting:               # a load waits for room: tell it (a task, as this
             asyncio.ensure_future(self._notify())   # is a plain call)
-        keep = entry.config.keep_alive
-        if keep is not None and entry.state == "loaded" and not entry.config.pinned:
-            loop = asyncio.get_running_loop()
-            entry._idle = loop.call_later(keep, self._idle_unload, entry)
+        keep = self._idle_seconds(entry)
+        if keep is None or entry.state != "loaded":
+            return
+        loop = asyncio.get_running_loop()
+        reason = "keep-alive 0" if keep == 0 else "idle"
+        # a handle even for 0 (call_soon): acquire's fast path skips a model that has one
+        entry._idle = (loop.call_soon(self._idle_unload, entry, reason) if keep == 0
+                       else loop.call_later(keep, self._idle_unload, entry, reason))
+        entry.deadline = time.time() + keep
 
-    def _idle_unload(self, entry: Entry) -> None:
-        entry._idle = None
-        if entry.active == 0 and entry.state == "loaded":
-            asyncio.ensure_future(self._unload_idle(entry))
-
-    async def _unload_idle(self, entry: Entry) -> None:
-        # asked again when the task runs: a request may have taken the model since
-        if (entry.active == 0 and entry.waiters == 0 and entry.state == "loaded"
-                and entry._idle is None):
-            await self._unload(entry, "idle")
-
-    async def _unload(self, entry: Entry, reason: str) -> None:
+    def _stop_idle(self, entry: Entry) -> None:
         if entry._idle is not None:
             entry._idle.cancel()
             entry._idle = None
+        entry.deadline = None
+
+    def _idle_unload(self, entry: Entry, reason: str) -> None:
+        entry._idle = None
+        if entry.active == 0 and entry.state == "loaded":
+            asyncio.ensure_future(self._unload_idle(entry, reason))
+
+    async def _unload_idle(self, entry: Entry, reason: str) -> None:
+        # asked again when the task runs: a request may have taken the model since
+        if (entry.active == 0 and entry.waiters == 0 and entry.state == "loaded"
+                and entry._idle is None):
+            await self._unload(entry, reason)
+
+    async def _unload(self, entry: Entry, reason: str) -> None:
+        self._stop_idle(entry)
+        entry.keep = None               # the next load starts from the model's own
         engine, entry.engine = entry.engine, None
         entry.state = "unloading"
         try:
