@@ -378,12 +378,12 @@ class Models:
             entry._idle = None
         entry.deadline = None
 
-    def _idle_unload(self, entry: Entry, reason: str) -> None:
+    def _idle_unload(self, entry: Entry, reason: str = "idle") -> None:
         entry._idle = None
         if entry.active == 0 and entry.state == "loaded":
             asyncio.ensure_future(self._unload_idle(entry, reason))
 
-    async def _unload_idle(self, entry: Entry, reason: str) -> None:
+    async def _unload_idle(self, entry: Entry, reason: str = "idle") -> None:
         # asked again when the task runs: a request may have taken the model since
         if (entry.active == 0 and entry.waiters == 0 and entry.state == "loaded"
                 and entry._idle is None):
