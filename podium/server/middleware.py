@@ -29,6 +29,8 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
               "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
               "/api/chat", "/api/generate", "/api/embed", "/api/embeddings")
+# Ollama's model routes, labelled by their own paths in metrics
+OLLAMA_MODEL_PATHS = ("/api/tags", "/api/show", "/api/ps", "/api/version", "/api/pull")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -55,7 +57,7 @@ def endpoint_of(path: str) -> str:
         action = path.rsplit("/", 1)[1]
         return "/v1/models/{id}" + (f"/{action}" if action in ("load", "unload") else "")
     return path if path in (*GENERATING, "/v1/messages/count_tokens", "/v1/models",
-                            "/tokenize", "/detokenize",
+                            "/tokenize", "/detokenize", *OLLAMA_MODEL_PATHS,
                             *OPEN_PATHS) else "other"
 
 
