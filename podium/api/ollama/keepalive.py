@@ -49,6 +49,7 @@ from typing import Annotated, Any
 
 from fastapi import Request
 from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
 
 from podium.errors import InvalidRequestError, ModelNotFound
 from podium.models import Entry, Models
@@ -98,6 +99,13 @@ def _seconds(value: Any) -> float | None:
     return FOREVER if seconds < 0 else seconds
 
 
+def _field(value: Any) -> float | None:
+    try:
+        return _seconds(value)
+    except ValueError as exc:       # said as it stands (not "Value error, ...")
+        raise PydanticCustomError("keep_alive", str(exc)) from None
+
+
 def parse(value: Any, param: str = "keep_alive") -> float | None:
     """``value`` (a duration string, a number of seconds, None) in seconds: ``FOREVER`` for
     a negative one, None when absent; ``InvalidRequestError`` naming ``param``."""
@@ -108,7 +116,7 @@ def parse(value: Any, param: str = "keep_alive") -> float | None:
 
 
 # a wire model's keep_alive field, parsed to seconds as ``parse`` does
-KeepAlive = Annotated[float | None, BeforeValidator(_seconds)]
+KeepAlive = Annotated[float | None, BeforeValidator(_field)]
 
 
 def _models(request: Request) -> Models:
