@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from podium.api.ollama.keepalive import KeepAlive
 from podium.protocol.chat import FunctionDefinition
 from podium.protocol.common import LENIENT
 
 # Ollama's effort levels ("max" is its highest; Harmony has three)
-Think = bool | Literal["low", "medium", "high", "max"] | None
+Think = StrictBool | Literal["low", "medium", "high", "max"] | None
 # "json", a JSON schema, or nothing ("" and null: plain text)
 Format = Literal["", "json"] | dict[str, Any] | None
 
@@ -75,12 +75,12 @@ class Generation(BaseModel):
 
     model_config = LENIENT
     model: str = Field(min_length=1)
-    stream: bool | None = True             # null: as absent (streamed)
+    stream: StrictBool | None = True       # null: as absent (streamed)
     format: Format = None
     options: Options | None = None
     think: Think = None
     keep_alive: KeepAlive = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
 
 
 class ChatRequest(Generation):
@@ -94,5 +94,5 @@ class GenerateRequest(Generation):
     system: str = ""
     template: str = ""
     context: list[int] | None = None
-    raw: bool = False
+    raw: StrictBool = False
     images: list[Any] | None = None
