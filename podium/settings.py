@@ -87,6 +87,12 @@ class Settings:
         0, "Requests per minute per API key (or client address without keys); 0: no limit.")
     max_tokens_cap: int = _opt(
         0, "Largest max_tokens / max_output_tokens accepted, and the default (0: the context).")
+    matryoshka_dimensions: str | None = _opt(
+        None, "An embedding model's Matryoshka lengths: the dimensions it was trained to be "
+        "shortened to (comma-separated), or 'any' (any length up to its own); a request's "
+        "dimensions is cut to that length and normalized again, anything else a 400. "
+        "Default: what the model's files declare (config.json's matryoshka_dimensions or "
+        "is_matryoshka), else none.", metavar="N,N,...|any")
     shutdown_grace: int = _opt(
         20, "Seconds running streams get to finish after SIGTERM before they are ended.")
     stream_keepalive_seconds: float = _opt(

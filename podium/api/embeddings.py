@@ -21,19 +21,41 @@ from podium.generation import new_id
 from podium.protocol.embeddings import EmbeddingsRequest, RerankRequest
 
 
+def matryoshka(setting: str | None, declared: str | None = None) -> tuple[int, ...] | None:
+    """The lengths a model's vectors may be shortened to: the --matryoshka-dimensions
+    setting, else what its files declare (``declared``, the same spelling); ``()`` for any
+    length, None when the model is not trained to be shortened. A bad value: ValueError."""
+    text = setting if setting is not None else declared
+    if text is None or not text.strip():
+        return None
+    if text.strip().lower() == "any":
+        return ()
+    try:
+        lengths = tuple(sorted({int(part) for part in text.split(",")}, reverse=True))
+    except ValueError:
+        raise ValueError(f"matryoshka-dimensions is {text!r}: comma-separated lengths or "
+                         f"'any'") from None
+    if not lengths or lengths[-1] < 1:
+        raise ValueError(f"matryoshka-dimensions is {text!r}: lengths must be positive")
+    return lengths
+
+
 class EmbeddingService:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, matryoshka: tuple[int, ...] | None = None):
+        """``matryoshka``: the lengths vectors may be shortened to (``matryoshka()``)."""
         self._engine = engine
+        self._matryoshka = matryoshka
 
     async def create(self, req: EmbeddingsRequest, *, small: bool = False) -> dict[str, Any]:
         engine = self._embedder(req.model, "serve embeddings")
         dims = engine.dimensions
-        if req.dimensions is not None and req.dimensions != dims:
-            raise InvalidRequestError(
-                f"'{req.model}' gives {dims}-dimensional embeddings and is not trained to be "
-                f"shortened; leave dimensions out (or give {dims})", param="dimensions")
+        shorten = req.dimensions if req.dimensions != dims else None
+        if shorten is not None:
+            self._check_dimensions(req.model, shorten, dims)
         inputs = await off_loop(self._inputs, req, inline=small)
         vectors = await engine.embed(inputs)
+        if shorten is not None:
+            vectors = [_shortened(v, shorten) for v in vectors]
         data = [{"object": "embedding", "index": i,
                  "embedding": _base64(v) if req.encoding_format == "base64" else v}
                 for i, v in enumerate(vectors)]
@@ -66,6 +88,21 @@ class EmbeddingService:
         used = sum(len(ids) for ids in inputs)
         return {"id": new_id("rerank"), "model": req.model, "results": results,
                 "usage": {"total_tokens": used}}
+
+    def _check_dimensions(self, model: str, asked: int, dims: int | None) -> None:
+        lengths = self._matryoshka
+        if lengths is None:
+            raise InvalidRequestError(
+                f"'{model}' gives {dims}-dimensional embeddings and is not trained to be "
+                f"shortened; leave dimensions out (or give {dims})", param="dimensions")
+        if dims is not None and asked > dims:
+            raise InvalidRequestError(
+                f"'{model}' gives {dims}-dimensional embeddings; dimensions must be at most "
+                f"{dims}", param="dimensions")
+        if lengths and asked not in lengths:
+            raise InvalidRequestError(
+                f"'{model}' is trained to be shortened to {', '.join(map(str, lengths))} "
+                f"dimensions, not {asked}", param="dimensions")
 
     def _embedder(self, model: str, what: str) -> Embedder:
         engine = self._engine
@@ -105,6 +142,13 @@ class EmbeddingService:
                     f"shorten it, or set truncate_prompt_tokens", param=f"input[{i}]")
             out.append(ids)
         return out
+
+
+def _shortened(vector: list[float], n: int) -> list[float]:
+    """A Matryoshka vector's first ``n`` dimensions, normalized again."""
+    head = vector[:n]
+    norm = math.sqrt(sum(x * x for x in head)) or 1.0
+    return [x / norm for x in head]
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

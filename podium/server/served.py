@@ -8,6 +8,7 @@ made with the model's own settings. The app finds it by the request's ``model``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from podium.api.chat import ChatService
 from podium.api.completions import CompletionService
-from podium.api.embeddings import EmbeddingService
+from podium.api.embeddings import EmbeddingService, matryoshka
 from podium.api.messages import MessagesService
 from podium.api.responses.planner import Planner
 from podium.api.tokenize import TokenizeService
@@ -93,7 +94,8 @@ class Loader:
                       MessagesService(engine, dialect, settings, self._sealer),
                       Planner(engine, dialect, self._store, settings, self._sealer,
                               self._conversations),
-                      TokenizeService(engine, dialect), EmbeddingService(engine))
+                      TokenizeService(engine, dialect),
+                      EmbeddingService(engine, _matryoshka(settings, engine)))
 
 
 def make_engine(settings: Settings, name: str, kind: str = "chat",
@@ -164,6 +166,24 @@ def detect_kind(config: ModelConfig) -> str:
     finally:
         model.close()
     return "embedding" if pooling in ("1", "2", "3") else "chat"
+
+
+def _matryoshka(settings: Settings, engine: Engine) -> tuple[int, ...] | None:
+    """The lengths an embedding model's vectors may be shortened to: the setting, else its
+    GGUF's key (convert.py's), else its Hugging Face folder's config.json."""
+    if getattr(engine, "kind", "chat") != "embedding":
+        return None
+    from podium.engine.llamacpp.convert import MATRYOSHKA_KEY, declared_matryoshka
+
+    declared = engine.info.metadata.get(MATRYOSHKA_KEY)
+    config = Path(settings.spec or "").expanduser() / "config.json"
+    if declared is None and settings.engine != "llamacpp" and config.is_file() \
+            and config.stat().st_size <= 1 << 20:
+        try:
+            declared = declared_matryoshka(json.loads(config.read_bytes()))
+        except ValueError:
+            declared = None
+    return matryoshka(settings.matryoshka_dimensions, declared)
 
 
 def resident_bytes() -> int | None:

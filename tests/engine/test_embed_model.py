@@ -21,7 +21,8 @@ import pytest
 from llama_cpp import Llama
 
 from podium.engine.llamacpp import model_files
-from podium.engine.llamacpp.convert import convert, gguf_tokens, read_safetensors
+from podium.api.embeddings import matryoshka
+from podium.engine.llamacpp.convert import MATRYOSHKA_KEY, convert, gguf_tokens, read_safetensors
 from podium.engine.llamacpp.model_files import (EMBED_MODEL, PackagedFolderModel,
                                                 default_model_path, locate_package_file)
 from podium.errors import ModelFilesError
@@ -341,3 +342,26 @@ def test_safetensors_reader_checks_its_header(tmp_path):
     path.write_bytes(struct.pack("<Q", len(head)) + head + b"\0" * 8)
     with pytest.raises(ModelFilesError, match="byte range"):
         read_safetensors(path)
+
+
+@pytest.mark.parametrize("declared,key", [({"matryoshka_dimensions": [32, 16, 8]}, "32,16,8"),
+                                          ({"is_matryoshka": True}, "any"), ({}, None)])
+def test_matryoshka_lengths_from_config_json_reach_the_gguf(tmp_path, declared, key):
+    tiny_bert(tmp_path / "st")
+    config = json.loads((tmp_path / "st" / "config.json").read_text())
+    (tmp_path / "st" / "config.json").write_text(json.dumps({**config, **declared}))
+    convert(tmp_path / "st", tmp_path / "tiny.gguf")
+    llm = Llama(str(tmp_path / "tiny.gguf"), embedding=True, verbose=False)
+    try:
+        assert llm.metadata.get(MATRYOSHKA_KEY) == key
+    finally:
+        llm.close()
+
+
+def test_matryoshka_setting_is_read_once_and_checked():
+    assert matryoshka(None) is None and matryoshka(None, "any") == ()
+    assert matryoshka("64, 256,128") == (256, 128, 64)
+    assert matryoshka("128", "any") == (128,)          # the setting wins over the files
+    for bad in ("wide", "0,16", "16,,8"):
+        with pytest.raises(ValueError, match="matryoshka-dimensions"):
+            matryoshka(bad)

@@ -144,3 +144,51 @@ def test_rerank_orders_documents_by_relevance(http):
     bad = http.post("/v1/rerank", json={"model": NAME, "query": query,
                                         "documents": ["ok", ""]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents[1]"
+
+
+@pytest.fixture(scope="module")
+def shortening(tmp_path_factory):
+    """The same model served as trained to be shortened (--matryoshka-dimensions): MiniLM is
+    not, so only the arithmetic is checked here, not the quality of its short vectors."""
+    engine = LlamaEmbedder(default_model_path(EMBED_MODEL), served_name=NAME, n_threads=2)
+    db = tmp_path_factory.mktemp("embed-short") / "s.db"
+    settings = Settings(store_url=f"sqlite:///{db}", matryoshka_dimensions="256,128")
+    with TestClient(create_app(settings, engine), raise_server_exceptions=False) as client:
+        yield client
+
+
+def test_dimensions_cut_and_normalize_where_the_model_is_trained_for_them(http, shortening):
+    body = {"model": NAME, "input": ["A lighthouse on a cliff.", "Bread and butter."]}
+    full = http.post("/v1/embeddings", json=body).json()["data"]
+    for n in (128, 256):
+        short = shortening.post("/v1/embeddings", json={**body, "dimensions": n}).json()["data"]
+        for got, whole in zip(short, full):
+            head = whole["embedding"][:n]
+            norm = math.sqrt(sum(x * x for x in head))
+            assert len(got["embedding"]) == n
+            assert all(abs(a - b / norm) < 1e-6 for a, b in zip(got["embedding"], head))
+    packed = shortening.post("/v1/embeddings", json={**body, "dimensions": 128,
+                                                     "encoding_format": "base64"}).json()
+    assert len(base64.b64decode(packed["data"][0]["embedding"])) == 128 * 4
+    as_is = shortening.post("/v1/embeddings", json={**body, "dimensions": 384}).json()
+    assert len(as_is["data"][0]["embedding"]) == 384
+    for n, says in ((100, "256, 128"), (500, "at most 384")):
+        r = shortening.post("/v1/embeddings", json={**body, "dimensions": n})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+        assert says in r.json()["error"]["message"]
+
+
+def test_a_vllm_folder_declares_its_matryoshka_lengths_in_config_json(tmp_path):
+    from types import SimpleNamespace
+
+    from podium.server.served import _matryoshka
+
+    engine = SimpleNamespace(kind="embedding", info=SimpleNamespace(metadata={}))
+    (tmp_path / "config.json").write_text(json.dumps({"matryoshka_dimensions": [768, 256]}))
+    settings = Settings(model=(str(tmp_path),), engine="vllm")
+    assert _matryoshka(settings, engine) == (768, 256)
+    assert _matryoshka(Settings(model=(str(tmp_path),), engine="vllm",
+                                matryoshka_dimensions="any"), engine) == ()
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 768}))
+    assert _matryoshka(settings, engine) is None
+    assert _matryoshka(settings, SimpleNamespace(kind="chat")) is None

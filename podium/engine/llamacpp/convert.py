@@ -33,6 +33,7 @@ from podium.errors import ModelFilesError
 
 MAX_HEADER_BYTES = 16 << 20          # a safetensors JSON header larger than this is refused
 MAX_JSON_BYTES = 64 << 20            # tokenizer.json and the small config files
+MATRYOSHKA_KEY = "podium.matryoshka_dimensions"     # the lengths vectors may be cut to
 
 # safetensors dtype -> the numpy dtype of the stored bytes (BF16 is widened after reading)
 _DTYPES: dict[str, np.dtype[Any]] = {
@@ -50,6 +51,16 @@ _UNUSED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"
 # llama.cpp's token types (gguf.TokenType)
 _NORMAL, _CONTROL = 1, 3
 _PHANTOM_SPACE = "\u2581"
+
+
+def declared_matryoshka(config: dict[str, Any]) -> str | None:
+    """What a Hugging Face config.json declares: ``matryoshka_dimensions`` (a list) or
+    ``is_matryoshka`` (any length), in --matryoshka-dimensions' spelling."""
+    lengths = config.get("matryoshka_dimensions")
+    if isinstance(lengths, list) and lengths and all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
+        return ",".join(str(n) for n in lengths)
+    return "any" if config.get("is_matryoshka") is True else None
 
 
 def _fail(folder: Path, why: str) -> ModelFilesError:
@@ -281,6 +292,9 @@ def convert(folder: Path, out: Path, *, dtype: str = "f16", name: str | None = N
     writer.add_bool("podium.normalize", model.normalize)
     if isinstance(model.max_seq_length, int) and model.max_seq_length > 0:
         writer.add_uint32("podium.max_seq_length", model.max_seq_length)
+    matryoshka = declared_matryoshka(c)
+    if matryoshka is not None:
+        writer.add_string(MATRYOSHKA_KEY, matryoshka)
 
     control = set(special.values())
     writer.add_tokenizer_model("bert")
