@@ -1,8 +1,7 @@
 """Ollama's embeddings: ``POST /api/embed`` (``input``: a string or strings; ``embeddings``)
 and the older ``POST /api/embeddings`` (``prompt``; ``embedding``), over the embeddings
-service every API shares (podium/api/embeddings.py): its engine path, its bounds, its
-``dimensions`` rule (a model's own size only: none of Podium's models is trained to be
-shortened, and a cut vector is not the model's).
+service every API shares (podium/api/embeddings.py): its engine path, its bounds and its
+rule for ``dimensions`` (the same answer as ``/v1/embeddings`` gives).
 
 Truncation is Ollama's: ``truncate`` (the default) cuts the end of an input longer than the
 model takes, keeping the token the tokenizer closes every input with (BERT's ``[SEP]``), as
