@@ -27,7 +27,7 @@ PER_MODEL = frozenset({
     "distributed_executor_backend", "gpu_memory_utilization", "enforce_eager", "engine_arg"})
 # a table's own keys, about the model rather than its settings
 TABLE_KEYS = frozenset({"name", "aliases", "kind", "keep_alive", "pinned", "preload"})
-KINDS = ("chat", "embedding")
+KINDS = ("chat", "embedding", "rerank")
 
 
 def catalog(settings: Settings) -> list[ModelConfig]:

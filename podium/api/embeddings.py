@@ -12,9 +12,9 @@ import base64
 import math
 import sys
 from array import array
-from typing import Any
+from typing import Any, cast
 
-from podium.engine.base import Embedder, Engine
+from podium.engine.base import Embedder, Engine, Reranker
 from podium.errors import InvalidRequestError
 from podium.generation import off_loop
 from podium.generation import new_id
@@ -64,28 +64,36 @@ class EmbeddingService:
                 "usage": {"prompt_tokens": used, "total_tokens": used}}
 
     async def rerank(self, req: RerankRequest, *, small: bool = False) -> dict[str, Any]:
-        """The documents by relevance to the query: with an embedding model, the cosine
-        similarity of their vectors (a reranker's own head is not served yet)."""
+        """The documents by relevance to the query: a reranker's own score (its head's
+        output, as a probability), or with an embedding model the cosine similarity of
+        their vectors."""
         texts = [req.query] + [d if isinstance(d, str) else d.text for d in req.documents]
-        wire = EmbeddingsRequest.model_construct(
-            model=req.model, input=texts, encoding_format="float", dimensions=None,
-            truncate_prompt_tokens=req.truncate_prompt_tokens)
-        try:
-            inputs = await off_loop(self._inputs, wire, inline=small)
-        except InvalidRequestError as exc:          # input[0] is the query, the rest docs
-            index = int(exc.param.split("[")[1].split("]")[0]) if exc.param else 0
-            exc.param = "query" if index == 0 else f"documents[{index - 1}]"
-            raise
-        query, *docs = await self._embedder(req.model, "rerank").embed(inputs)
-        scores = [_cosine(query, d) for d in docs]
-        order = sorted(range(len(docs)), key=lambda i: -scores[i])[:req.top_n]
+        engine = self._engine
+        if isinstance(engine, Reranker) and engine.kind == "rerank":
+            ids = await off_loop(self._pairs, texts, req.truncate_prompt_tokens, inline=small)
+            scores = await engine.score(ids[0], ids[1:])
+            # what the model read: the query with each document, and the model's markers
+            used = sum(len(ids[0]) + len(d) + engine.pair_overhead for d in ids[1:])
+        else:
+            wire = EmbeddingsRequest.model_construct(
+                model=req.model, input=texts, encoding_format="float", dimensions=None,
+                truncate_prompt_tokens=req.truncate_prompt_tokens)
+            try:
+                inputs = await off_loop(self._inputs, wire, inline=small)
+            except InvalidRequestError as exc:      # input[0] is the query, the rest docs
+                index = int(exc.param.split("[")[1].split("]")[0]) if exc.param else 0
+                exc.param = "query" if index == 0 else f"documents[{index - 1}]"
+                raise
+            query, *docs = await self._embedder(req.model, "rerank").embed(inputs)
+            scores = [_cosine(query, d) for d in docs]
+            used = sum(len(ids) for ids in inputs)
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:req.top_n]
         results = []
         for i in order:
             result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
             if req.return_documents:
                 result["document"] = {"text": texts[i + 1]}
             results.append(result)
-        used = sum(len(ids) for ids in inputs)
         return {"id": new_id("rerank"), "model": req.model, "results": results,
                 "usage": {"total_tokens": used}}
 
@@ -107,9 +115,39 @@ class EmbeddingService:
     def _embedder(self, model: str, what: str) -> Embedder:
         engine = self._engine
         if not isinstance(engine, Embedder) or engine.kind != "embedding":
-            raise InvalidRequestError(f"'{model}' is a chat model: it does not {what}",
+            which = "a reranker" if getattr(engine, "kind", "") == "rerank" else "a chat model"
+            raise InvalidRequestError(f"'{model}' is {which}: it does not {what}",
                                       param="model")
         return engine
+
+    def _pairs(self, texts: list[str], keep: int | None) -> list[list[int]]:
+        """A reranker's query and documents as token ids without special tokens (the engine
+        puts the model's own around each pair). A pair longer than the model's context is a
+        400 naming the document, unless ``truncate_prompt_tokens`` asks to cut it (the
+        document's end goes)."""
+        engine = self._engine
+        tokenizer, limit = engine.tokenizer, engine.info.context_length
+        room = limit - cast(Reranker, engine).pair_overhead
+        out: list[list[int]] = []
+        for i, text in enumerate(texts):
+            where = "query" if i == 0 else f"documents[{i - 1}]"
+            if not text:
+                raise InvalidRequestError(f"the {'query' if i == 0 else 'document'} is empty",
+                                          param=where)
+            ids = tokenizer.encode(text, add_special=False)
+            if i == 0 and len(ids) >= room:
+                raise InvalidRequestError(
+                    f"the query is {len(ids)} tokens; this model reads at most {limit}, "
+                    f"query and document together", param=where)
+            if i and len(out[0]) + len(ids) > room:
+                if keep is None:
+                    raise InvalidRequestError(
+                        f"the query and this document are {len(out[0]) + len(ids) + limit - room}"
+                        f" tokens with the model's markers, more than its {limit}; shorten "
+                        f"it, or set truncate_prompt_tokens to cut it", param=where)
+                ids = ids[:room - len(out[0])]
+            out.append(ids)
+        return out
 
     def _inputs(self, req: EmbeddingsRequest) -> list[list[int]]:
         raw: Any = req.input

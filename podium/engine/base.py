@@ -196,3 +196,19 @@ class Embedder(Protocol):
     dimensions: int | None
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """An engine serving a reranker (``kind`` ``"rerank"``): a model with its own relevance
+    head (llama.cpp's rank pooling; a cross-encoder on vLLM).
+
+    ``score`` takes the query's and the documents' token ids without special tokens, puts
+    the model's own around each pair (``pair_overhead`` tokens of them: the caller fits each
+    pair in the context with those counted), and gives each document's relevance in [0, 1]:
+    the model's activation applied once."""
+
+    kind: str
+    pair_overhead: int
+
+    async def score(self, query: list[int], documents: list[list[int]]) -> list[float]: ...

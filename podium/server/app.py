@@ -108,23 +108,26 @@ class PodiumApp(FastAPI):
                 self.state.models.release(entry)
 
 
-_KINDS = {"chat": "a chat model", "embedding": "an embedding model"}
+_KINDS = {"chat": "a chat model", "embedding": "an embedding model", "rerank": "a reranker"}
 _ROUTES = {"chat": "chat, completions, responses and messages",
-           "embedding": "/v1/embeddings"}
+           "embedding": "/v1/embeddings and /v1/rerank", "rerank": "/v1/rerank"}
 HELD = "podium.held"    # the scope's list of models a request holds (released at its end)
 
 
-async def model_of(request: Request, name: str, kind: str = "chat") -> Served:
+async def model_of(request: Request, name: str, kind: str | tuple[str, ...] = "chat"
+                   ) -> Served:
     """The model the request names, loaded (waiting for it), held until the response ends:
     a model serving a request is never unloaded. 404 for a name no model answers to; 400
-    for a model of another kind than the route's (an embedding model asked to chat)."""
+    for a model of another kind than the route's (``kind``: one, or those it takes; an
+    embedding model asked to chat)."""
     models: Models = request.app.state.models
     try:
         entry = models.entry(name)
     except ModelNotFound as exc:
         exc.model = name            # Ollama's routes say it in Ollama's words
         raise
-    if entry.config.kind not in ("auto", kind):
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if entry.config.kind != "auto" and entry.config.kind not in kinds:
         raise InvalidRequestError(
             f"'{name}' is {_KINDS[entry.config.kind]}: it serves {_ROUTES[entry.config.kind]}",
             param="model")
@@ -213,8 +216,10 @@ def _model_card(entry: Entry, asked: str | None = None) -> dict[str, Any]:
             "resident_memory": served.resident if served else None}
     if served is not None:
         card["max_model_len"] = served.engine.info.context_length
-    if entry.config.kind == "embedding":
-        card["rerank"] = "cosine"       # /v1/rerank scores by its embeddings' similarity
+    if entry.config.kind in ("embedding", "rerank"):
+        # how /v1/rerank scores: an embedding model by its vectors' cosine similarity, a
+        # reranker by its own head
+        card["rerank"] = "cosine" if entry.config.kind == "embedding" else "model"
     if entry.config.aliases:
         card["aliases"] = list(entry.config.aliases)
     if entry.error is not None:
@@ -327,7 +332,7 @@ def _routes(app: FastAPI) -> None:
     async def rerank(body: RerankRequest, request: Request):
         """The documents by relevance to the query (Cohere's / Jina's shape)."""
         async def create() -> Any:
-            served = await model_of(request, body.model, "embedding")
+            served = await model_of(request, body.model, ("rerank", "embedding"))
             return await served.embeddings.rerank(body, small=small(request))
         return json_response(await unless_gone(request, create()))
 

@@ -108,7 +108,7 @@ def make_engine(settings: Settings, name: str, kind: str = "chat",
         from podium.engine.vllm.options import vllm_engine
 
         path, engine = vllm_engine(settings, name, loop=loop, kind=kind)
-    elif kind == "embedding":
+    elif kind in ("embedding", "rerank"):
         from podium.engine.llamacpp.embed import LlamaEmbedder
         from podium.engine.llamacpp.model_files import resolve_model
 
@@ -148,13 +148,22 @@ def estimate(config: ModelConfig) -> int:
 def detect_kind(config: ModelConfig) -> str:
     """What a model is for, from its files: a GGUF that declares a pooling (mean, CLS, last
     token), or a sentence-transformers folder (a Pooling module; vLLM), is an embedding
-    model; the rest chat models."""
+    model; a GGUF with rank pooling, or a ...ForSequenceClassification folder (a
+    cross-encoder; vLLM), a reranker; the rest chat models."""
     settings: Settings = config.source
     if settings.engine != "llamacpp":           # a sentence-transformers folder: embedding
         folder = Path(settings.spec or "").expanduser()
         modules = folder / "modules.json"
         if folder.is_dir() and modules.is_file() and "Pooling" in modules.read_text()[:65536]:
             return "embedding"
+        hf_config = folder / "config.json"
+        if folder.is_dir() and hf_config.is_file() and hf_config.stat().st_size <= 1 << 20:
+            try:
+                architectures = json.loads(hf_config.read_bytes()).get("architectures") or []
+            except (ValueError, AttributeError):
+                architectures = []
+            if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+                return "rerank"                 # a cross-encoder: vLLM's score runner
         return "chat"
     from podium.engine.llamacpp.model import LlamaModel
     from podium.engine.llamacpp.model_files import resolve_model
@@ -165,7 +174,8 @@ def detect_kind(config: ModelConfig) -> str:
         pooling = model.metadata.get(f"{arch}.pooling_type")
     finally:
         model.close()
-    return "embedding" if pooling in ("1", "2", "3") else "chat"
+    return {"1": "embedding", "2": "embedding", "3": "embedding", "4": "rerank"}.get(
+        pooling or "", "chat")
 
 
 def _matryoshka(settings: Settings, engine: Engine) -> tuple[int, ...] | None:

@@ -10,6 +10,7 @@ against a numpy forward pass, which needs no model package at all.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import struct
@@ -23,6 +24,7 @@ from llama_cpp import Llama
 from podium.engine.llamacpp import model_files
 from podium.api.embeddings import matryoshka
 from podium.engine.llamacpp.convert import MATRYOSHKA_KEY, convert, gguf_tokens, read_safetensors
+from podium.engine.llamacpp.embed import LlamaEmbedder
 from podium.engine.llamacpp.model_files import (EMBED_MODEL, PackagedFolderModel,
                                                 default_model_path, locate_package_file)
 from podium.errors import ModelFilesError
@@ -365,3 +367,67 @@ def test_matryoshka_setting_is_read_once_and_checked():
     for bad in ("wide", "0,16", "16,,8"):
         with pytest.raises(ValueError, match="matryoshka-dimensions"):
             matryoshka(bad)
+
+
+# ---- a reranker: a cross-encoder's own head through llama.cpp's rank pooling ----------------
+
+def tiny_cross_encoder(folder: Path, type_vocab_size: int = 1, labels: int = 1
+                       ) -> dict[str, np.ndarray]:
+    """A BertForSequenceClassification folder (as sentence-transformers' CrossEncoder saves
+    one): BERT's weights under bert., its pooler, a classifier of ``labels`` outputs."""
+    w = tiny_bert(folder)
+    for extra in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+        (folder / extra).unlink()
+    (folder / "1_Pooling").rmdir()
+    rng = np.random.default_rng(11)
+    w["embeddings.token_type_embeddings.weight"] = \
+        w["embeddings.token_type_embeddings.weight"][:type_vocab_size]
+    weights = {("bert." + k): v for k, v in w.items()}
+    weights["classifier.weight"] = rng.normal(0, 0.5, (labels, HIDDEN)).astype(np.float32)
+    weights["classifier.bias"] = np.full((labels,), 0.1, np.float32)
+    write_safetensors(folder / "model.safetensors", weights)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(architectures=["BertForSequenceClassification"],
+                  type_vocab_size=type_vocab_size,
+                  id2label={str(i): f"LABEL_{i}" for i in range(labels)})
+    (folder / "config.json").write_text(json.dumps(config))
+    return weights
+
+
+def cross_encoder_score(w: dict[str, np.ndarray], ids: list[int]) -> float:
+    """The cross-encoder's logit for one [CLS] query [SEP] document [SEP] sequence."""
+    x = bert_forward({k.removeprefix("bert."): v for k, v in w.items()}, ids, "cls")
+    pooled = np.tanh(x @ w["bert.pooler.dense.weight"].T + w["bert.pooler.dense.bias"])
+    return float((pooled @ w["classifier.weight"].T + w["classifier.bias"])[0])
+
+
+def test_tiny_cross_encoder_scores_as_its_forward_pass(tmp_path):
+    weights = tiny_cross_encoder(tmp_path / "ce")
+    out = tmp_path / "rank.gguf"
+    convert(tmp_path / "ce", out, dtype="f32")
+    embedder = LlamaEmbedder(out, served_name="tiny-rank", n_threads=2)
+    try:
+        assert embedder.kind == "rerank" and embedder.pooling == "rank"
+        query, docs = "the cat sat", ["a cat sat on the mat!", "hello", "the mat, the cat"]
+        q = embedder.tokenizer.encode(query, add_special=False)
+        ds = [embedder.tokenizer.encode(d, add_special=False) for d in docs]
+        scores = asyncio.run(embedder.score(q, ds))
+        cls, sep = VOCAB.index("[CLS]"), VOCAB.index("[SEP]")
+        want = [1 / (1 + math.exp(-cross_encoder_score(weights, [cls, *q, sep, *d, sep])))
+                for d in ds]
+        assert np.allclose(scores, want, rtol=0, atol=2e-3), (scores, want)  # measured 2.1e-4
+        # a pair read without its closing [SEP] scores otherwise: the test can tell
+        unclosed = [1 / (1 + math.exp(-cross_encoder_score(weights, [cls, *q, sep, *d])))
+                    for d in ds]
+        assert max(abs(a - b) for a, b in zip(scores, unclosed)) > 1e-2, unclosed
+        assert len(set(np.round(scores, 3))) == 3           # the documents tell apart
+    finally:
+        asyncio.run(embedder.aclose())
+
+
+@pytest.mark.parametrize("change,match", [(dict(type_vocab_size=2), "second segment"),
+                                          (dict(labels=3), "several labels")])
+def test_cross_encoders_llama_cpp_would_score_wrong_are_refused(tmp_path, change, match):
+    tiny_cross_encoder(tmp_path / "ce", **change)
+    with pytest.raises(ModelFilesError, match=match):
+        convert(tmp_path / "ce", tmp_path / "rank.gguf")

@@ -4,6 +4,7 @@ sentence-transformers' own (tests/data/all_minilm_l6_v2_reference.json)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
@@ -192,3 +193,73 @@ def test_a_vllm_folder_declares_its_matryoshka_lengths_in_config_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 768}))
     assert _matryoshka(settings, engine) is None
     assert _matryoshka(settings, SimpleNamespace(kind="chat")) is None
+
+
+# ---- a reranker with its own head (llama.cpp's rank pooling) ----------------------------------
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    """A tiny random cross-encoder converted to a rank GGUF (no reranker is on PyPI; its
+    scores are checked against the model's forward pass in tests/engine/test_embed_model.py),
+    served by file, its kind read from the file."""
+    from podium.catalog import catalog
+    from podium.engine.llamacpp.convert import convert
+    from tests.engine.test_embed_model import tiny_cross_encoder
+
+    root = tmp_path_factory.mktemp("rank")
+    tiny_cross_encoder(root / "ce")
+    convert(root / "ce", root / "rank.gguf", dtype="f32")
+    settings = Settings(model=(f"tiny-rank={root / 'rank.gguf'}",),
+                        store_url=f"sqlite:///{root / 's.db'}")
+    with TestClient(create_app(settings, catalog(settings)),
+                    raise_server_exceptions=False) as client:
+        yield client
+
+
+def test_a_reranker_scores_with_its_own_head(reranker):
+    from tests.server.apps import served
+
+    documents = ["a cat sat on the mat!", "hello", {"text": "the mat, the cat"}]
+    r = reranker.post("/v1/rerank", json={"model": "tiny-rank", "query": "the cat sat",
+                                          "documents": documents, "return_documents": True})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    engine = served(reranker.app).engine
+    tok = engine.tokenizer
+    want = asyncio.run(engine.score(tok.encode("the cat sat", add_special=False), [
+        tok.encode(d if isinstance(d, str) else d["text"], add_special=False)
+        for d in documents]))
+    assert sorted(x["index"] for x in results) == [0, 1, 2]
+    query_ids = tok.encode("the cat sat", add_special=False)
+    assert engine.pair_overhead == 3                    # [CLS] q [SEP] d [SEP]
+    assert r.json()["usage"]["total_tokens"] == sum(
+        len(query_ids) + len(tok.encode(d if isinstance(d, str) else d["text"],
+                                        add_special=False)) + 3 for d in documents)
+    for x in results:                   # the head's probability, as the engine gives it
+        assert abs(x["relevance_score"] - want[x["index"]]) < 1e-6
+        assert 0 < x["relevance_score"] < 1
+    assert [x["relevance_score"] for x in results] == sorted(want, reverse=True)
+    assert results[0]["document"]["text"] in ("a cat sat on the mat!", "hello",
+                                              "the mat, the cat")
+    top = reranker.post("/rerank", json={"model": "tiny-rank", "query": "the cat sat",
+                                         "documents": documents, "top_n": 1}).json()
+    assert [x["index"] for x in top["results"]] == [results[0]["index"]]
+    assert "document" not in top["results"][0] and top["usage"]["total_tokens"] > 0
+    card = reranker.get("/v1/models/tiny-rank").json()
+    assert card["kind"] == "rerank" and card["rerank"] == "model"
+
+
+def test_a_reranker_refuses_what_it_is_not_for(reranker):
+    r = reranker.post("/v1/embeddings", json={"model": "tiny-rank", "input": "the cat"})
+    assert r.status_code == 400 and "reranker" in r.json()["error"]["message"]
+    r = reranker.post("/v1/chat/completions", json={"model": "tiny-rank", "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "reranker" in r.json()["error"]["message"]
+    long = "the cat sat on the mat " * 20             # the tiny model reads 64 tokens
+    body = {"model": "tiny-rank", "query": "the cat", "documents": ["hello", long]}
+    r = reranker.post("/v1/rerank", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "documents[1]"
+    r = reranker.post("/v1/rerank", json={**body, "truncate_prompt_tokens": -1})
+    assert r.status_code == 200 and len(r.json()["results"]) == 2
+    r = reranker.post("/v1/rerank", json={**body, "query": long})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "query"

@@ -118,11 +118,25 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
+# a cross-encoder's head (BertForSequenceClassification): the pooler's dense layer and tanh,
+# then the classifier; llama.cpp's rank pooling runs the same two as cls and cls.output
+_RANK_HEAD = {"pooler.dense.weight": "cls.weight", "pooler.dense.bias": "cls.bias",
+              "classifier.weight": "cls.output.weight", "classifier.bias": "cls.output.bias"}
+RANK_POOLING = 4                     # llama.cpp's LLAMA_POOLING_TYPE_RANK
+
+
 class SentenceTransformerFolder:
-    """What the converter needs from a sentence-transformers folder, checked on reading."""
+    """What the converter needs from a sentence-transformers folder, checked on reading: an
+    embedding model (modules.json: Transformer, Pooling[, Normalize]) or a cross-encoder (a
+    BertForSequenceClassification folder with one label, scored by llama.cpp's rank
+    pooling)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
+        self.rank = False
+        if not (folder / "modules.json").is_file():
+            self._cross_encoder()
+            return
         modules = _read_json(folder / "modules.json", folder)
         kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
         if kinds[:2] != ["Transformer", "Pooling"] or kinds[2:] not in ([], ["Normalize"]):
@@ -137,6 +151,26 @@ class SentenceTransformerFolder:
         st_config = self.model_dir / "sentence_bert_config.json"
         self.max_seq_length = (_read_json(st_config, folder).get("max_seq_length")
                                if st_config.is_file() else None)
+        self._check_config()
+
+    def _cross_encoder(self) -> None:
+        self.model_dir, self.normalize, self.rank = self.folder, False, True
+        self.pooling_name, self.pooling_type = "rank", RANK_POOLING
+        self.config = c = _read_json(self.folder / "config.json", self.folder)
+        if c.get("architectures") != ["BertForSequenceClassification"]:
+            raise _fail(self.folder, "has no modules.json (a sentence-transformers model) and "
+                                     "is not a BertForSequenceClassification cross-encoder")
+        if len(c.get("id2label") or {"0": "LABEL_0"}) != 1:
+            raise _fail(self.folder, "the cross-encoder gives several labels; a reranker "
+                                     "gives one score")
+        if c.get("type_vocab_size", 2) != 1:
+            # llama.cpp's bert graph reads every token as segment A; a model trained with
+            # the document as segment B would be scored silently wrong
+            raise _fail(self.folder, "the cross-encoder reads the document as a second "
+                                     "segment (type_vocab_size 2), which llama.cpp's bert "
+                                     "graph does not give; serve the folder with engine = "
+                                     "\"vllm\"")
+        self.max_seq_length = None
         self._check_config()
 
     def _pooling(self, config: dict[str, Any]) -> tuple[str, int]:
@@ -213,13 +247,18 @@ def gguf_tokens(tokens: list[str], control: set[int]) -> list[str]:
     return out
 
 
-def _bert_tensor_names(n_layers: int) -> Callable[[str], str | None]:
+def _bert_tensor_names(n_layers: int, rank: bool = False) -> Callable[[str], str | None]:
     import gguf
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, n_layers)
 
     def gguf_name(hf_name: str) -> str | None:
-        return names.get_name(hf_name.removeprefix("bert."), try_suffixes=(".weight", ".bias"))
+        hf_name = hf_name.removeprefix("bert.")
+        if rank and hf_name in _RANK_HEAD:
+            return _RANK_HEAD[hf_name]
+        if hf_name.startswith(("classifier.", "pooler.")):
+            return None             # not the graph's (a head only a reranker reads)
+        return names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
     return gguf_name
 
 
@@ -249,14 +288,16 @@ def convert(folder: Path, out: Path, *, dtype: str = "f16", name: str | None = N
         raise _fail(folder, "model.safetensors is missing (pytorch_model.bin is not read)")
     weights = read_safetensors(weights_path)
 
-    gguf_name = _bert_tensor_names(n_layers)
+    gguf_name = _bert_tensor_names(n_layers, model.rank)
     expected = 5 + 16 * n_layers        # embeddings (3) + their norm (2); 16 per layer
+    expected += len(_RANK_HEAD) if model.rank else 0
     prepared: list[tuple[str, np.ndarray]] = []
     total = sum(t.nbytes for t in weights.values())
     done = 0
     for hf_name, array in weights.items():
         done += array.nbytes
-        if hf_name.removeprefix("bert.") in _UNUSED:
+        if hf_name.removeprefix("bert.") in _UNUSED and not (
+                model.rank and hf_name.removeprefix("bert.") in _RANK_HEAD):
             continue
         target = gguf_name(hf_name)
         if target is None:

@@ -31,6 +31,21 @@ MAX_SEQ_KEY = "podium.max_seq_length"   # and its max_seq_length
 POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
+def _pair_tokens(vocab) -> tuple[list[int], list[int], list[int]]:  # noqa: ANN001
+    """The special tokens around a query and a document in a reranker's input, from the
+    vocabulary's own flags: the beginning token if it adds one; between the two, its end
+    token if it adds one and its separator if it adds one; after the document, its end token
+    (else its separator). BERT: [CLS] q [SEP] d [SEP]; XLM-RoBERTa: <s> q </s> </s> d </s>."""
+    bos, eos, sep = (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab),
+                     llama_cpp.llama_vocab_sep(vocab))
+    add_eos = llama_cpp.llama_vocab_get_add_eos(vocab) and eos >= 0
+    add_sep = llama_cpp.llama_vocab_get_add_sep(vocab) and sep >= 0
+    open_ = [bos] if llama_cpp.llama_vocab_get_add_bos(vocab) and bos >= 0 else []
+    middle = ([eos] if add_eos else []) + ([sep] if add_sep else [])
+    close = [eos] if add_eos else [sep] if add_sep else []
+    return open_, middle, close
+
+
 @dataclass(eq=False)
 class _Job:
     inputs: list[list[int]]
@@ -44,7 +59,8 @@ class _Job:
 class LlamaEmbedder:
     capabilities = Capabilities(sampling=False, grammar=False, logprobs=False,
                                 prefix_cache=False)
-    kind = "embedding"
+    kind = "embedding"      # "rerank" for a model with llama.cpp's rank pooling
+    pair_overhead = 0       # a reranker's special tokens around a query and a document
 
     def __init__(self, path: Path, *, served_name: str, n_seq: int = 32, n_batch: int = 4096,
                  n_threads: int = 0, max_queued: int = 4096):
@@ -67,6 +83,11 @@ class LlamaEmbedder:
                              f"per input")
         self.normalize = meta.get(NORMALIZE_KEY, "true").lower() in ("true", "1")
         self.dimensions = llama_cpp.llama_model_n_embd(self._model.model)
+        if self.pooling == "rank":          # a reranker: its head's scores, as they are
+            self.kind, self.normalize = "rerank", False
+            self.dimensions = llama_cpp.llama_model_n_cls_out(self._model.model)
+            self._pair = _pair_tokens(self._model.vocab)
+            self.pair_overhead = sum(len(part) for part in self._pair)
         self.info = ModelInfo(served_name=served_name, context_length=n_ctx,
                               chat_template=None, created=int(path.stat().st_mtime),
                               metadata=meta)
@@ -108,7 +129,23 @@ class LlamaEmbedder:
             if not job.done.done():
                 job.failed = True           # the caller left: its rest is skipped
 
+    async def score(self, query: list[int], documents: list[list[int]]) -> list[float]:
+        """A reranker's relevance of each document to the query, in [0, 1]: the pair read
+        as the model was trained (``[CLS] query [SEP] document [SEP]``, or ``<s> query </s>
+        </s> document </s>``) and the sigmoid of its head's first output, applied once
+        (llama.cpp gives the raw logit). Ids without the model's special tokens."""
+        if self.kind != "rerank":
+            raise InvalidRequestError(f"'{self.info.served_name}' is an embedding model, not "
+                                      f"a reranker", param="model")
+        open_, middle, close = self._pair
+        pairs = [[*open_, *query, *middle, *doc, *close] for doc in documents]
+        return [1 / (1 + math.exp(-max(-60.0, min(60.0, out[0]))))
+                for out in await self.embed(pairs)]
+
     def check_room(self, n: int = 1) -> None:
+        if self.kind == "rerank":
+            raise InvalidRequestError(f"'{self.info.served_name}' is a reranker: it serves "
+                                      f"/v1/rerank, not text generation", param="model")
         raise InvalidRequestError(f"'{self.info.served_name}' is an embedding model: it "
                                   f"serves /v1/embeddings, not text generation",
                                   param="model")
