@@ -17,12 +17,14 @@ events the stream renders. Chat's objects carry the text in ``message`` (``role`
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any, Callable
 
 import orjson
 
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallBegin,
                                    ToolCallEnd, Usage)
+from podium.parsing.scan import json_text
 from podium.render.base import HOLE, Shape
 
 Obj = dict[str, Any]
@@ -40,7 +42,20 @@ def created_at() -> str:
 def tool_call(call_id: str, index: int, name: str, arguments: str) -> Obj:
     """A complete call in Ollama's shape: its arguments as the object they are."""
     return {"id": call_id, "function": {"index": index, "name": name,
-                                        "arguments": orjson.loads(arguments)}}
+                                        "arguments": _arguments(arguments)}}
+
+
+def _arguments(text: str) -> Any:
+    """The arguments' JSON text as an object (Ollama's clients read a mapping: anything
+    else is wrapped as ``{"value": ...}``)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:        # a lone surrogate escape (orjson refuses it): U+FFFD in its place
+            value = json.loads(json_text(json.loads(text)))
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {"value": value}
 
 
 class _Wire:

@@ -204,6 +204,17 @@ def test_a_tool_call_is_sent_whole_with_arguments_as_an_object(app):
     assert answer.message.tool_calls[0].function.arguments == {"city": "Paris"}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_in_a_calls_arguments_is_no_500(app, stream):
+    call = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \\ud83c"}}\n'
+            "</tool_call>")
+    c = app([call])
+    r = c.post(CHAT, json=chat(tools=WEATHER, stream=stream))
+    objs = lines(r) if stream else [r.json()]
+    [called] = [o for o in objs if o["message"].get("tool_calls")]
+    assert called["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris \ufffd"}
+
+
 def test_a_tool_result_goes_back_by_tool_name(app):
     """The client's round trip: the call as it came (arguments an object, no id), then the
     result named by ``tool_name``; the model's template sees both."""
