@@ -6,6 +6,12 @@ packs the queued inputs of every request into one decode (up to ``n_seq`` sequen
 least the model's context), reads each sequence's pooled vector (the pooling llama.cpp takes
 from the file: mean, CLS or last token), normalizes it when the model does, and hands each
 request its vectors once all of its inputs are done.
+
+Why 512 tokens a decode, not more: llama.cpp attends over every token of a decode at once
+(other sequences' masked out, but computed), so attention grows with the square of the
+decode's tokens while the matrix products grow linearly. For all-MiniLM-L6-v2 and inputs of
+64 tokens on 2 cores, 8 inputs a decode (512 tokens) embedded 88-89 inputs/s, 16 81-82,
+32 56-71, 1 69-84 (docs/performance.md, "Embeddings").
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ class LlamaEmbedder:
     kind = "embedding"      # "rerank" for a model with llama.cpp's rank pooling
     pair_overhead = 0       # a reranker's special tokens around a query and a document
 
-    def __init__(self, path: Path, *, served_name: str, n_seq: int = 32, n_batch: int = 4096,
+    def __init__(self, path: Path, *, served_name: str, n_seq: int = 32, n_batch: int = 512,
                  n_threads: int = 0, max_queued: int = 4096):
         probe = LlamaModel(path, vocab_only=True)       # (its n_ctx_train reads 0)
         arch = probe.metadata.get("general.architecture", "")
