@@ -109,8 +109,10 @@ class PodiumApp(FastAPI):
 
 
 _KINDS = {"chat": "a chat model", "embedding": "an embedding model", "rerank": "a reranker"}
-_ROUTES = {"chat": "chat, completions, responses and messages",
-           "embedding": "/v1/embeddings and /v1/rerank", "rerank": "/v1/rerank"}
+_ROUTES = {"chat": "text generation (chat, completions, responses, messages; Ollama's "
+                   "/api/chat and /api/generate)",
+           "embedding": "embeddings (/v1/embeddings, Ollama's /api/embed) and /v1/rerank",
+           "rerank": "/v1/rerank"}
 HELD = "podium.held"    # the scope's list of models a request holds (released at its end)
 
 

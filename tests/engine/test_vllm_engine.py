@@ -127,3 +127,62 @@ def test_the_prefix_cache_is_counted_in_kv_tokens_when_idle(engine):
     assert engine.stats["running"] == 0
     assert engine.stats["kv_tokens"] >= 256                 # whole 128-token blocks kept
     assert engine.stats["kv_tokens"] <= engine.stats["kv_capacity"]
+
+
+# ---- a cross-encoder (reranker) on vLLM's classify pooling ----------------------------------
+
+def _tiny_cross_encoder(folder) -> None:
+    """A random BertForSequenceClassification of one label with its own WordPiece tokenizer,
+    saved as sentence-transformers' CrossEncoder saves one (no reranker is on PyPI)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a",
+             "mat", "dog", "ran", "in", "park", "hello", "world", "bread", "oven", "!", ","]
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(str(folder))
+    torch.manual_seed(3)
+    config = BertConfig(vocab_size=len(words), hidden_size=128, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=256,
+                        max_position_embeddings=128, type_vocab_size=2, num_labels=1)
+    model = BertForSequenceClassification(config).eval()
+    with torch.no_grad():               # scores spread out, and segment B unlike segment A
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+        model.bert.embeddings.token_type_embeddings.weight.normal_(0, 1.0)
+    model.save_pretrained(str(folder), safe_serialization=True)
+
+
+def test_a_cross_encoder_scores_as_transformers_does(tmp_path):
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    folder = tmp_path / "ce"
+    _tiny_cross_encoder(folder)
+    query, docs = "the cat sat", ["a cat sat on the mat !", "hello world", "the dog ran"]
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = BertForSequenceClassification.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        batch = tok([query] * len(docs), docs, return_tensors="pt", padding=True)
+        want = torch.sigmoid(model(**batch).logits[:, 0]).tolist()
+        flat = dict(batch, token_type_ids=torch.zeros_like(batch["token_type_ids"]))
+        one_segment = torch.sigmoid(model(**flat).logits[:, 0]).tolist()
+    # vLLM computes in bfloat16 on CPU: measured 1.3e-3 from transformers' float32 scores;
+    # reading the document as segment A would be further off than that allows
+    assert max(abs(a - b) for a, b in zip(want, one_segment)) > 2e-2, (want, one_segment)
+    assert max(want) - min(want) > 1e-2, want           # the documents tell apart
+
+    engine = VllmEngine(folder, served_name="r", kind="rerank", max_model_len=128,
+                        enforce_eager=True, engine_args={"kv_cache_memory_bytes": 64 << 20})
+    try:
+        assert engine.pair_overhead == 3                    # [CLS] q [SEP] d [SEP]
+        q = engine.tokenizer.encode(query, add_special=False)
+        got = asyncio.run(engine.score(q, [engine.tokenizer.encode(d, add_special=False)
+                                           for d in docs]))
+        assert max(abs(a - b) for a, b in zip(got, want)) < 5e-3, (got, want)
+        with pytest.raises(Exception, match="reranker"):
+            engine.check_room()
+    finally:
+        asyncio.run(engine.aclose())

@@ -263,3 +263,16 @@ def test_a_reranker_refuses_what_it_is_not_for(reranker):
     assert r.status_code == 200 and len(r.json()["results"]) == 2
     r = reranker.post("/v1/rerank", json={**body, "query": long})
     assert r.status_code == 400 and r.json()["error"]["param"] == "query"
+
+
+def test_a_cross_encoder_folder_is_detected_as_a_reranker(tmp_path):
+    from podium.models import ModelConfig
+    from podium.server.served import detect_kind
+
+    def kind(config: dict) -> str:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        return detect_kind(ModelConfig("m", source=Settings(model=(str(tmp_path),),
+                                                            engine="vllm")))
+    assert kind({"architectures": ["BertForSequenceClassification"]}) == "rerank"
+    assert kind({"architectures": ["XLMRobertaForSequenceClassification"]}) == "rerank"
+    assert kind({"architectures": ["Qwen2ForCausalLM"]}) == "chat"

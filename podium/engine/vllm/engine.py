@@ -126,6 +126,7 @@ _EMBEDS = itertools.count()
 
 class VllmEngine:
     capabilities = Capabilities()       # sampling, grammars, logprobs, prefix caching: all
+    pair_overhead = 0                   # a reranker's special tokens around a pair
 
     def __init__(self, model: str | Path, *, served_name: str | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 4,
@@ -155,8 +156,11 @@ class VllmEngine:
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
             data_parallel_size=data_parallel_size, disable_log_stats=True)
-        if kind == "embedding":
+        if kind in ("embedding", "rerank"):
             args.update(runner="pooling", enable_prefix_caching=False)
+        if kind == "rerank":        # a cross-encoder: the pair as its tokenizer joins one
+            self._pair = self.tokenizer.pair_layout()
+            self.pair_overhead = sum(len(part) for part in self._pair[:3])
         if max_model_len:
             args["max_model_len"] = max_model_len
         if distributed_executor_backend:
@@ -251,9 +255,45 @@ class VllmEngine:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(every(),
                                                                           self._loop))
 
+    async def score(self, query: list[int], documents: list[list[int]]) -> list[float]:
+        """A cross-encoder's relevance of each document to the query: the pair joined as its
+        tokenizer joins one (token types included), vLLM's classify pooling with the
+        model's activation (a sigmoid for one label), applied once by vLLM."""
+        if self.kind != "rerank":
+            raise InvalidRequestError(f"'{self.info.served_name}' is not a reranker",
+                                      param="model")
+        from vllm.pooling_params import PoolingParams
+
+        open_, middle, close, segment = self._pair
+        tag = f"score-{next(_EMBEDS)}"
+
+        async def one(i: int, doc: list[int]) -> float:
+            params = PoolingParams(task="classify")
+            if segment is not None:         # where the document's segment begins
+                params.extra_kwargs = {"compressed_token_type_ids":
+                                       len(open_) + len(query) + segment}
+            last = None
+            async for out in self._llm.encode(
+                    {"prompt_token_ids": [*open_, *query, *middle, *doc, *close]}, params,
+                    f"{tag}-{i}"):
+                last = out
+            assert last is not None
+            return float(last.outputs.data.reshape(-1)[0])
+
+        async def every() -> list[float]:
+            return list(await asyncio.gather(*(one(i, d) for i, d in enumerate(documents))))
+
+        if asyncio.get_running_loop() is self._loop:
+            return await every()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(every(),
+                                                                          self._loop))
+
     def check_room(self, n: int = 1) -> None:
         """400 when ``n`` requests exceed ``max_num_seqs`` + ``max_queued``, 429 when they do
         not fit beside those in flight now."""
+        if self.kind == "rerank":
+            raise InvalidRequestError(f"'{self.info.served_name}' is a reranker: it serves "
+                                      f"/v1/rerank, not text generation", param="model")
         if self.kind == "embedding":
             raise InvalidRequestError(f"'{self.info.served_name}' is an embedding model: it "
                                       f"serves /v1/embeddings, not text generation",

@@ -67,6 +67,32 @@ class HfTokenizer:
             ids = ids[1:]               # the text began with the BOS token itself
         return ids
 
+    def pair_layout(self) -> tuple[list[int], list[int], list[int], int | None]:
+        """How the tokenizer joins a pair of texts (a cross-encoder's query and document):
+        the special ids before the first, between the two and after the second, and where
+        the second segment's token types begin, counted from the start of the second text's
+        separator (None: no token types, or all zero). Read off the tokenizer's own pair
+        encoding of two words."""
+        first = self._tok.encode("query", add_special_tokens=False)
+        second = self._tok.encode("document", add_special_tokens=False)
+        pair = self._tok("query", "document")
+        ids, types = list(pair["input_ids"]), pair.get("token_type_ids")
+        for i in range(len(ids) - len(first) + 1):
+            if ids[i:i + len(first)] == first:
+                break
+        else:
+            raise ValueError("the tokenizer's pair encoding does not hold the first text")
+        rest = i + len(first)
+        for j in range(rest, len(ids) - len(second) + 1):
+            if ids[j:j + len(second)] == second:
+                break
+        else:
+            raise ValueError("the tokenizer's pair encoding does not hold the second text")
+        segment = None
+        if types and 1 in types:
+            segment = list(types).index(1) - rest
+        return ids[:i], ids[rest:j], ids[j + len(second):], segment
+
     def piece(self, token_id: int) -> bytes:
         piece = self._pieces.get(token_id)
         if piece is None:
