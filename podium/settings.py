@@ -69,6 +69,10 @@ class Settings:
     cors_origins: list[str] = _opt(
         (), "Origins allowed by CORS ('*' for any); repeat for several.", multiple=True)
     max_body_bytes: int = _opt(8 * 1024 * 1024, "Largest request body accepted (413 beyond).")
+    max_file_bytes: int = _opt(
+        200 * 1024 * 1024, "Largest file a /v1/files upload may hold (413 beyond; "
+        "--max-body-bytes does not apply to uploads, which are written to the store's "
+        "database as they stream in). Default: the Batch API's 200 MB.")
     max_header_bytes: int = _opt(
         64 * 1024, "Largest request head (request line and headers) accepted; past it 431 "
         "and the connection is closed (0: no limit).")

@@ -305,8 +305,9 @@ def _routes(app: FastAPI) -> None:
             response_id, after, limit, order, _owner(request)))
 
     _conversation_routes(app)
-    # Ollama's API (/api/*): its own modules, which use this one's helpers (model_of, respond)
-    from podium.server import ollama_chat, ollama_models
+    # the Files API and Ollama's (/api/*): their own modules, using this one's helpers
+    from podium.server import files, ollama_chat, ollama_models
+    files.routes(app)
     ollama_chat.routes(app)
     ollama_models.routes(app)
 

@@ -31,6 +31,8 @@ GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/m
               "/api/chat", "/api/generate", "/api/embed", "/api/embeddings")
 # Ollama's model routes, labelled by their own paths in metrics
 OLLAMA_MODEL_PATHS = ("/api/tags", "/api/show", "/api/ps", "/api/version", "/api/pull")
+# routes that read their body as it streams, under a limit of their own (not the JSON one)
+UPLOADS = frozenset({"/v1/files"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -53,11 +55,13 @@ def endpoint_of(path: str) -> str:
     if path.startswith("/v1/responses/"):
         rest = path[len("/v1/responses/"):].split("/")
         return "/v1/responses/{id}" + ("/" + rest[1] if len(rest) > 1 else "")
+    if path.startswith("/v1/files/"):
+        return "/v1/files/{id}" + ("/content" if path.endswith("/content") else "")
     if path.startswith("/v1/models/"):
         action = path.rsplit("/", 1)[1]
         return "/v1/models/{id}" + (f"/{action}" if action in ("load", "unload") else "")
     return path if path in (*GENERATING, "/v1/messages/count_tokens", "/v1/models",
-                            "/tokenize", "/detokenize", *OLLAMA_MODEL_PATHS,
+                            "/tokenize", "/detokenize", "/v1/files", *OLLAMA_MODEL_PATHS,
                             *OPEN_PATHS) else "other"
 
 
@@ -193,14 +197,15 @@ class APIKeyMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuses bodies over ``limit`` bytes with 413, whether announced or sent chunked."""
+    """Refuses bodies over ``limit`` bytes with 413, whether announced or sent chunked;
+    uploads (``UPLOADS``) pass untouched: their routes count their bodies as they read."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
         self._limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in UPLOADS:
             return await self.app(scope, receive, send)
         too_large = PayloadTooLarge(f"The request body is larger than {self._limit} bytes")
         length = dict(scope["headers"]).get(b"content-length")
