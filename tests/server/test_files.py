@@ -335,3 +335,34 @@ def test_expired_files_are_missing_then_pruned(serve):
     asyncio.run(check())
     assert rows(served) == (1, 1)
     assert [f.id for f in sdk.files.list()] == [kept.id]
+
+
+# -- what one key, and all of them, may hold ----------------------------------------------
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_files_per_key_and_uploads_at_once_are_bounded(serve, monkeypatch):
+    monkeypatch.setattr("podium.api.files.MAX_FILES", 2)
+    monkeypatch.setattr("podium.api.files.MAX_UPLOADS", 1)
+    served = serve(api_key=["key-a", "key-b"])
+    a, b = served.client("key-a"), served.client("key-b")
+    kept = [a.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch") for i in range(2)]
+    with pytest.raises(openai.BadRequestError, match="at most 2 files"):
+        a.files.create(file=("2.jsonl", b"{}\n"), purpose="batch")
+    b.files.create(file=("b.jsonl", b"{}\n"), purpose="batch")      # each key its own
+    a.files.delete(kept[0].id)
+    a.files.create(file=("3.jsonl", b"{}\n"), purpose="batch")
+    # an upload in progress holds the one slot: another is a 429, then goes through
+    head = (b"POST /v1/files HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-b\r\n"
+            b"content-type: multipart/form-data; boundary=bb\r\ncontent-length: %d\r\n\r\n"
+            % (8 * MiB))
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.sendall(head + next(multipart_stream(8 * MiB)))
+        time.sleep(0.3)
+        busy = httpx.post(url(served), files={"file": ("x.jsonl", b"{}\n")},
+                          data={"purpose": "batch"}, headers={"authorization": "Bearer key-b"})
+        assert busy.status_code == 429 and busy.headers["retry-after"]
+        assert busy.json()["error"]["type"] == "rate_limit_error"
+    deadline = time.monotonic() + 10
+    while served.app.state.files._uploads and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.files.create(file=("y.jsonl", b"{}\n"), purpose="batch").bytes == 3
