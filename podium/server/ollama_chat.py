@@ -23,14 +23,17 @@ from podium.server.routing import small
 from podium.server.sse import NDJSON
 from podium.server.watch import unless_gone
 
-_ANSWERS: dict[int | str, dict[str, Any]] = {
-    200: {"description": "The answer (JSON), or its objects one a line (NDJSON)",
-          "content": {"application/json": {}, "application/x-ndjson": {}}},
-    **{status: {"description": text, "content": {"application/json": {"example": {
+# the statuses every Ollama route may answer, in Ollama's error shape (the OpenAPI document)
+OLLAMA_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"example": {
         "error": text}}}} for status, text in [
         (400, "Invalid request"), (401, "Missing or wrong API key"),
         (404, 'model "name" not found, try pulling it first'), (413, "Request body too large"),
-        (429, "Too many requests (see Retry-After)")]}}
+        (429, "Too many requests (see Retry-After)")]}
+_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The answer (JSON), or its objects one a line (NDJSON)",
+          "content": {"application/json": {}, "application/x-ndjson": {}}},
+    **OLLAMA_ERRORS}
 
 
 async def _service(request: Request, req: Generation, clock: Clock) -> OllamaService:

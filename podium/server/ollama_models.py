@@ -21,6 +21,7 @@ from podium.models import Entry, Models
 from podium.protocol.ollama_models import (EmbeddingsRequest, EmbedRequest, PullRequest,
                                            ShowRequest)
 from podium.server.app import json_response, model_of
+from podium.server.ollama_chat import OLLAMA_ERRORS
 from podium.server.routing import small
 from podium.server.watch import unless_gone
 
@@ -58,23 +59,29 @@ async def _describe(entry: Entry) -> Described:
 def routes(app: FastAPI) -> None:
     """Adds Ollama's model and embedding routes to the app."""
 
-    @app.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+    @app.get("/", response_class=PlainTextResponse)
     async def running_probe():
         """Ollama's liveness probe: clients (and their apps) check this text is there."""
         return PlainTextResponse("Ollama is running")
 
-    @app.api_route("/api/version", methods=["GET", "HEAD"])
+    @app.get("/api/version")
     async def version():
         return json_response({"version": __version__})
 
-    @app.api_route("/api/tags", methods=["GET", "HEAD"])
+    @app.get("/api/tags")
     async def tags(request: Request):
         """Every model this server serves, loaded or not, described from its files."""
         entries = request.app.state.models.entries()
         described = await asyncio.gather(*(_describe(e) for e in entries))
         return json_response({"models": [listed(e, d) for e, d in zip(entries, described)]})
 
-    @app.post("/api/show")
+    # HEAD as Ollama answers it (clients probe with it): the GET's route, outside the OpenAPI
+    # schema (one route of two methods would give two operations one id)
+    for path, endpoint in (("/", running_probe), ("/api/version", version),
+                           ("/api/tags", tags)):
+        app.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
+
+    @app.post("/api/show", responses=OLLAMA_ERRORS)
     async def show(body: ShowRequest, request: Request):
         """One model's details, template, parameters, model_info and capabilities."""
         entry = _entry(request.app.state.models, body.model)
@@ -92,7 +99,7 @@ def routes(app: FastAPI) -> None:
         out.sort(key=lambda m: m["expires_at"], reverse=True)
         return json_response({"models": out})
 
-    @app.post("/api/embed")
+    @app.post("/api/embed", responses=OLLAMA_ERRORS)
     async def embed(body: EmbedRequest, request: Request):
         """Ollama's embeddings: a vector per input, with its counters."""
         started = time.monotonic()
@@ -104,7 +111,7 @@ def routes(app: FastAPI) -> None:
                                             loaded=time.monotonic(), small=small(request))
         return json_response(await unless_gone(request, create()))
 
-    @app.post("/api/embeddings")
+    @app.post("/api/embeddings", responses=OLLAMA_ERRORS)
     async def embeddings(body: EmbeddingsRequest, request: Request):
         """The older embeddings route: one prompt's vector."""
         async def create() -> Any:
@@ -116,8 +123,13 @@ def routes(app: FastAPI) -> None:
     _model_file_routes(app)
 
 
+_REFUSALS: dict[int | str, dict[str, Any]] = {**OLLAMA_ERRORS, 403: {
+    "description": "Podium does not manage model files", "content": {"application/json": {
+        "example": {"error": "Podium serves the models it is configured with ..."}}}}}
+
+
 def _model_file_routes(app: FastAPI) -> None:
-    @app.post("/api/pull")
+    @app.post("/api/pull", responses=_REFUSALS)
     async def pull(body: PullRequest, request: Request):
         """A model this server serves is there already: success, as Ollama answers a pull
         of a model it has (scripts pull before they use one). Any other: refused, saying
@@ -136,7 +148,8 @@ def _model_file_routes(app: FastAPI) -> None:
                 ("POST", "/api/blobs/{digest}"): "upload",
                 ("HEAD", "/api/blobs/{digest}"): "keep"}
     for (method, path), what in refusals.items():
-        app.add_api_route(path, _refuse(what), methods=[method])
+        app.add_api_route(path, _refuse(what, "{digest}" in path), methods=[method],
+                          responses=_REFUSALS)
 
 
 def _entry_or_none(models: Models, name: str) -> Entry | None:
@@ -146,8 +159,12 @@ def _entry_or_none(models: Models, name: str) -> Entry | None:
         return None
 
 
-def _refuse(what: str):
+def _refuse(what: str, blob: bool = False):
     async def refuse() -> Response:
         raise ModelFilesUnmanaged(HOW.format(what=what))
-    refuse.__name__ = f"refuse_{what}"
-    return refuse
+
+    async def refuse_blob(digest: str) -> Response:
+        raise ModelFilesUnmanaged(HOW.format(what=what))
+    chosen = refuse_blob if blob else refuse
+    chosen.__name__ = f"refuse_{what}"
+    return chosen

@@ -1,5 +1,5 @@
 """Schemathesis against Podium's own OpenAPI document: no 5xx, documented statuses, and every
-error body shaped like its API's (OpenAI's; Anthropic's on /v1/messages). Bounded so it fits CI (examples per operation below)."""
+error body shaped like its API's (OpenAI's; Anthropic's on /v1/messages; Ollama's on /api/). Bounded so it fits CI (examples per operation below)."""
 
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -26,10 +26,15 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
 
 
 def api_shaped_errors(ctx, response, case):
-    """OpenAI's error object, or Anthropic's on the Messages API's routes."""
+    """OpenAI's error object, Anthropic's on the Messages API's routes, Ollama's on its."""
+    if case.method == "HEAD":
+        return                          # no body: its status is checked by the others
     if response.status_code >= 400 and response.headers.get("content-type", [""])[0].startswith(
             "application/json"):
         body = response.json()
+        if case.path.startswith("/api/"):
+            assert set(body) == {"error"} and isinstance(body["error"], str), body
+            return
         if case.path.startswith("/v1/messages"):
             assert set(body) == {"type", "error"} and body["type"] == "error", body
             assert {"type", "message"} == set(body["error"]), body
