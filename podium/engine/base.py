@@ -37,11 +37,22 @@ class SamplingParams:
 
 @dataclass(slots=True)
 class EngineRequest:
+    """One sequence to generate.
+
+    ``priority``: higher runs first. A waiting request of higher priority takes the next
+    sequence before every waiting request of lower priority (first come, first served within
+    a priority). Interactive requests keep the default 0; batch work asks for less (below 0).
+    An engine that ``Capabilities.preemption`` declares also takes a running lower-priority
+    request's sequence at once when none is free (that request waits, then resumes where it
+    was); one that does not starts it when the next sequence frees.
+    """
+
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
     logprobs: int | None = None         # None: no logprobs; k: chosen token plus top k
     prompt_logprobs: int | None = None  # same, for every prompt token after the first
+    priority: int = 0                   # higher runs first (0: interactive; batch below)
 
 
 @dataclass(slots=True)
@@ -96,6 +107,9 @@ class Capabilities:
     logprobs: bool = True       # from the model's distribution, ``k`` alternatives; false: each
                                 # token certain (0.0), itself its only alternative
     prefix_cache: bool = True   # ``cached_tokens`` counts prompt tokens reused; false: always 0
+    preemption: bool = True     # a request waiting for a sequence takes a lower-priority
+                                # running one's at once (within one engine step); false: it
+                                # waits for the next sequence that frees
 
 
 # The figures every engine keeps (``/health`` shows them all, ``/metrics`` reads them):

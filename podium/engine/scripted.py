@@ -5,14 +5,18 @@ model being imitated), so everything above the engine boundary (detokenizer, sto
 parsers, renderers) runs exactly as with a real model. It honours max tokens, stop token ids
 and aborts, and can be paced (seconds per step, tokens per step). Given ``max_num_seqs`` it
 runs that many requests at once, queues ``max_queued`` more and refuses the rest, as the
-embedded engine does; by default it takes any number. Its ``Capabilities`` say what a script
-cannot do: sampling, grammars, real log-probabilities, prefix caching. It is not a product
-path: ``podium serve`` never builds one.
+embedded engine does; by default it takes any number. Queued requests run as the embedded
+engine runs them: highest priority first, first come first served within one, and one that
+finds every place taken by lower-priority requests preempts the lowest (the latest of them to
+start), which gives its place up at its next step and resumes where it was when its turn
+comes again. Its ``Capabilities`` say what a script cannot do: sampling, grammars, real
+log-probabilities, prefix caching. It is not a product path: ``podium serve`` never builds one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import weakref
 from collections import deque
@@ -31,10 +35,13 @@ class _Place:
     request ends (its last output, closed, or dropped unread: its frame, the only holder of
     its place, is freed then)."""
 
-    __slots__ = ("engine", "state", "aborted", "__weakref__")
+    __slots__ = ("engine", "state", "aborted", "halt", "rank", "started", "__weakref__")
 
-    def __init__(self, engine: "ScriptedEngine"):
+    def __init__(self, engine: "ScriptedEngine", rank: tuple[int, int]):
         self.engine, self.state, self.aborted = engine, "waiting", False
+        self.halt = False               # aborted, or asked to give its place up: next step
+        self.rank = rank                # (-priority, arrival): the lowest runs first
+        self.started = 0
 
     def __del__(self) -> None:
         self.engine._leave(self)
@@ -61,6 +68,8 @@ class ScriptedEngine:
         self._max_num_seqs, self._max_queued = max_num_seqs, max_queued
         self._places: weakref.WeakValueDictionary[str, _Place] = weakref.WeakValueDictionary()
         self._freed: list[asyncio.Future[None]] = []    # requests waiting for a place to run
+        self._queue: list[tuple[tuple[int, int], weakref.ref[_Place]]] = []   # a heap, by rank
+        self._arrivals, self._starts = itertools.count(), itertools.count(1)
         # the most recent requests that ran, for tests (a benchmark keeps none: survivors of
         # a load would pin allocator arenas and distort its memory figures)
         self.requests: deque[EngineRequest] = deque(maxlen=keep_requests)
@@ -100,26 +109,24 @@ class ScriptedEngine:
                               f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        place = self._places[request.request_id] = _Place(self)
+        place = self._places[request.request_id] = _Place(
+            self, (-request.priority, next(self._arrivals)))
         self.stats["waiting"] += 1
+        if self._max_num_seqs is not None:
+            heapq.heappush(self._queue, (place.rank, weakref.ref(place)))
         return self._run(request, place)
 
     async def _run(self, request: EngineRequest, place: _Place
                    ) -> AsyncGenerator[EngineOutput, None]:
         try:
-            while self._full() and not place.aborted:
-                freed = asyncio.get_running_loop().create_future()
-                self._freed.append(freed)
-                await freed
+            await self._turn(place)
             if place.aborted:
                 yield EngineOutput([], finish_reason="abort")
                 return
             if self.start_gate is not None:
                 await self.start_gate()
-            place.state = "running"
+            self._run_now(place)
             self.requests.append(request)
-            self.stats["waiting"] -= 1
-            self.stats["running"] += 1
             self.stats["requests"] += 1
             # the replay, in this generator: one hop per output, not two
             script = self._script(request)
@@ -141,9 +148,12 @@ class ScriptedEngine:
             plain = per_step == 1 and k is None
             while True:
                 await sleep(delay)
-                if place.aborted:
-                    yield EngineOutput([], finish_reason="abort")
-                    return
+                if place.halt:
+                    if not place.aborted:
+                        await self._give_way(place)
+                    if place.aborted:
+                        yield EngineOutput([], finish_reason="abort")
+                        return
                 if plain and prompt_lp is None and produced < len(script) - 1:
                     token = script[produced]
                     if not (token in stops or (token == eos and eos_stops)
@@ -179,6 +189,61 @@ class ScriptedEngine:
     def _full(self) -> bool:
         return self._max_num_seqs is not None and self.stats["running"] >= self._max_num_seqs
 
+    async def _turn(self, place: _Place) -> None:
+        """Wait until ``place`` may run (or is aborted): a place free and no waiting request
+        ranking before it."""
+        while not place.aborted and not self._may_run(place):
+            freed = asyncio.get_running_loop().create_future()
+            self._freed.append(freed)
+            await freed
+
+    def _may_run(self, place: _Place) -> bool:
+        if self._max_num_seqs is None:
+            return True
+        if self._head() is not place:
+            return False
+        if not self._full():
+            heapq.heappop(self._queue)
+            return True
+        self._preempt(place)
+        return False
+
+    def _head(self) -> _Place | None:
+        """The waiting request that ranks first (requests gone or aborted dropped)."""
+        while self._queue:
+            place = self._queue[0][1]()
+            if place is not None and place.state == "waiting" and not place.aborted:
+                return place
+            heapq.heappop(self._queue)
+        return None
+
+    def _preempt(self, place: _Place) -> None:
+        """Ask the running request that ranks lowest below ``place`` (the latest to start of
+        them) to give its place up, unless one is already giving it up."""
+        running = [p for p in self._places.values() if p.state == "running"]
+        if any(p.halt and not p.aborted for p in running):
+            return
+        below = [p for p in running if p.rank[0] > place.rank[0]]
+        if below:
+            max(below, key=lambda p: (p.rank[0], p.started)).halt = True
+
+    def _run_now(self, place: _Place) -> None:
+        place.state = "running"
+        place.started = next(self._starts)
+        self.stats["waiting"] -= 1
+        self.stats["running"] += 1
+
+    async def _give_way(self, place: _Place) -> None:
+        """Preempted: wait in the queue (at its rank) until its turn comes again."""
+        place.state, place.halt = "waiting", False
+        self.stats["running"] -= 1
+        self.stats["waiting"] += 1
+        heapq.heappush(self._queue, (place.rank, weakref.ref(place)))
+        self._wake()
+        await self._turn(place)
+        if not place.aborted:
+            self._run_now(place)
+
     def _leave(self, place: _Place) -> None:
         if place.state == "gone":
             return
@@ -196,7 +261,7 @@ class ScriptedEngine:
     async def abort(self, request_id: str) -> None:
         place = self._places.get(request_id)
         if place is not None:
-            place.aborted = True
+            place.aborted = place.halt = True
             self._wake()
 
     async def aclose(self) -> None:

@@ -296,6 +296,65 @@ def test_a_full_load_runs_to_the_end(engine):
     assert engine.stats["running"] == 0 and engine.stats["waiting"] == 0
 
 
+# -- priority ---------------------------------------------------------------------------------
+
+def test_a_higher_priority_request_goes_before_queued_lower_ones(engine):
+    """Every sequence busy with low-priority work and more of it queued: a high-priority
+    request queued after it starts before the queued low-priority request; an engine that
+    preempts starts it at once (the running work makes at most a step or two meanwhile),
+    and the work it preempted still answers exactly as it does alone."""
+    def low(i: int) -> EngineRequest:
+        req = request(engine, f"Count from 1 to {40 + i}, one number a line.", max_tokens=24,
+                      ignore_eos=True)
+        req.priority = -1
+        return req
+
+    lows = [low(i) for i in range(SLOTS + 1)]
+    alone = [tokens(run(engine, low(i))) for i in range(SLOTS + 1)]
+    high = request(engine, "Name a colour.", max_tokens=4)
+
+    async def scenario():
+        seen: dict[str, list[int]] = {}
+        started: list[str] = []
+        marks: dict[str, int] = {}
+
+        async def read(req: EngineRequest, outputs: Generation) -> list[EngineOutput]:
+            outs = []
+            async for out in outputs:
+                if not outs:
+                    started.append(req.request_id)
+                    if req is high:         # the running work's tokens at its start
+                        marks["at_start"] = sum(len(seen[r.request_id]) for r in lows[:SLOTS])
+                outs.append(out)
+                seen[req.request_id] += out.token_ids
+            return outs
+
+        tasks = []
+        for req in lows[:SLOTS]:
+            seen[req.request_id] = []
+            tasks.append(asyncio.create_task(read(req, engine.generate(req))))
+        while len(started) < SLOTS:                 # both running
+            await asyncio.sleep(0.001)
+        seen[lows[SLOTS].request_id], seen[high.request_id] = [], []
+        engine.check_room(2)
+        queued = engine.generate(lows[SLOTS])
+        marks["queued"] = sum(len(seen[r.request_id]) for r in lows[:SLOTS])
+        urgent = engine.generate(high)
+        tasks += [asyncio.create_task(read(lows[SLOTS], queued)),
+                  asyncio.create_task(read(high, urgent))]
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        await until_idle(engine)
+        return outs, started, marks
+
+    outs, started, marks = asyncio.run(scenario())
+    assert started.index(high.request_id) < started.index(lows[SLOTS].request_id)
+    assert outs[-1][-1].finish_reason in ("stop", "length") and tokens(outs[-1])
+    if engine.capabilities.preemption:
+        assert marks["at_start"] - marks["queued"] <= 3 * SLOTS, marks
+    for i, req in enumerate(lows):
+        assert outs[i][-1].finish_reason == "length" and tokens(outs[i]) == alone[i], i
+
+
 # -- stats ------------------------------------------------------------------------------------
 
 def test_stats_name_the_contract_figures_and_count_a_request(engine):

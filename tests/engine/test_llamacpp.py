@@ -140,3 +140,58 @@ def test_answers_do_not_depend_on_what_the_cache_held(engine):
     run(engine, request(engine, "Tell me about dragons.", max_tokens=5))   # unrelated history
     assert run(engine, request(engine, "Name some fruits.", **kw))[0] == first
     assert run(engine, request(engine, "Name some fruits.", **kw))[0] == first  # prefix reused
+
+
+# -- priority -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_slots(model_path):
+    eng = LlamaCppEngine(model_path, served_name="m", n_ctx=1024, n_batch=64, n_threads=1,
+                         max_num_seqs=2)
+    yield eng
+    asyncio.run(eng.aclose())
+
+
+@pytest.mark.parametrize("preempt_after", [0, 6])
+def test_a_preempted_request_answers_as_it_does_alone(two_slots, preempt_after):
+    """Both slots hold low-priority work (sampled with a seed and penalties, long prompts of
+    several chunks); a high-priority request takes one at once (``preempt_after`` 0: while
+    the work is still prefilling, 6: after 6 tokens), the preempted one waits its turn
+    (counted waiting), then resumes: every answer is token for token its answer alone."""
+    engine = two_slots
+    story = " ".join(f"Line {i}: the tide came in over the rocks." for i in range(12))
+
+    def low(i):
+        req = request(engine, f"{story}\nSummarise this in {i + 2} words.", max_tokens=20,
+                      temperature=0.9, seed=7 + i, frequency_penalty=0.5, ignore_eos=True)
+        req.priority = -1
+        return req
+
+    alone = [run(engine, low(i))[0] for i in range(2)]
+
+    async def scenario():
+        lows = [low(i) for i in range(2)]
+        seen = {r.request_id: [] for r in lows}
+
+        async def read(req):
+            async for out in engine.generate(req):
+                seen[req.request_id] += out.token_ids
+            return seen[req.request_id]
+
+        tasks = [asyncio.create_task(read(r)) for r in lows]
+        while engine.stats["running"] < 2 or \
+                min(len(ids) for ids in seen.values()) < preempt_after:
+            await asyncio.sleep(0.001)
+        before = sum(len(ids) for ids in seen.values())
+        outputs = engine.generate(request(engine, "Name a colour.", max_tokens=8))
+        await outputs.__anext__()
+        made = sum(len(ids) for ids in seen.values()) - before
+        waiting = engine.stats["waiting"]
+        await outputs.aclose()
+        return await asyncio.gather(*tasks), made, waiting
+
+    answers, made, waiting = asyncio.run(scenario())
+    assert waiting == 1                 # the preempted request, parked
+    assert made <= 3                    # the other slot's work: the step in progress and one
+    assert answers == alone
+    assert engine.stats["running"] == 0 and engine.stats["waiting"] == 0

@@ -16,6 +16,22 @@ Its loop, once per step:
 New requests join between steps; finished ones leave at once. Requests beyond the slots wait
 in a bounded queue; past it, 429.
 
+Priority (``EngineRequest.priority``, higher first): waiting requests take free slots highest
+priority first, first come first served within one. When no slot is free, a waiting request
+preempts the running request of the lowest priority below its own (the latest of them to
+start: the least work to redo): that one is parked, its sampler (seed, penalties, grammar
+state) and its tokens so far kept, and waits at its place in the queue; when it is admitted
+again its tokens are its prompt (the part its slot still caches is reused) and it goes on
+from the token it had reached, so its stream continues without a gap or a repeat. So an
+interactive request never waits behind batch work for more than the step in progress,
+whether batch work fills the slots or the queue, while batch work alone still uses every
+slot. Among prompts being prefilled, the highest priority goes first. A request still
+prefilling a prompt it scores (``prompt_logprobs``) is not preempted. What admission costs
+is per request; a decode step is unchanged. The resumed request's prompt is prefilled in the
+same chunks as before, and its generated tokens a decode group's rows (7) at a time, so with
+``--deterministic`` each holds the numbers it had when it was decoded: the request answers
+as it would have uninterrupted.
+
 Numbers and batching: llama.cpp's CPU kernels give slightly different logits for a row
 depending on how many rows share its matrix product (repacked weights switch from a
 one-row to a four-row kernel at 4 rows, another kernel takes over at 8). So that an answer
@@ -52,6 +68,26 @@ log = logging.getLogger(__name__)
 INVARIANT_ROWS = 7      # rows per decode that keep every row's numbers as if alone
 
 
+@dataclass(eq=False)
+class _Parked:
+    """A preempted job's progress, to resume it where it was."""
+
+    sampler: Sampler
+    tokens: list[int]           # prompt and generated tokens; the last is not decoded yet
+    generated: int
+    cached_tokens: int          # still to report with its first output (0 once reported)
+
+
+@dataclass(eq=False)
+class _Job(Job):
+    order: int = 0                      # arrival (the worker's count): FIFO in a priority
+    parked: _Parked | None = None
+
+
+def _rank(job: _Job) -> tuple[int, int]:
+    return -job.request.priority, job.order
+
+
 class _Generation(JobOutputs[Job]):
     """One queued request's outputs. However they end (the last output, an error, closed,
     cancelled or dropped unread), the job is flagged aborted and leaves ``active``: the
@@ -81,6 +117,8 @@ class _Slot:
     cached_tokens: int = 0
     last_used: int = 0
     chunk: int = 0                  # prefill chunk size for the job (smaller when scoring)
+    split: int = 0                  # where the prompt's prefill ends; after it, a resumed
+    #                                 job's generated tokens, prefilled as decode rows
 
 
 class LlamaCppEngine:
@@ -105,8 +143,9 @@ class LlamaCppEngine:
         self._grammar_ms = grammar_ms_per_token
         self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
         self._mem = llama_cpp.llama_get_memory(self._model.ctx)
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._waiting: list[Job] = []       # taken from the queue, no slot free yet
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._waiting: list[_Job] = []      # taken from the queue, no slot free yet: by rank
+        self._arrivals = 0
         self._active: dict[str, Job] = {}
         self._clock = 0
         self._closing = False
@@ -142,7 +181,7 @@ class LlamaCppEngine:
     def generate(self, request: EngineRequest) -> "_Generation":
         """Queue ``request`` now, and return its outputs as an async iterator (closing it, or
         dropping it, aborts the request)."""
-        job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
         self._active[request.request_id] = job
         self._count_waiting(+1)
         self._jobs.put(job)
@@ -187,6 +226,7 @@ class LlamaCppEngine:
                 slot.job.emit(EngineOutput([], finish_reason="abort"))
                 self._release(slot, keep=False)
         for job in self._waiting:
+            self._unpark(job)
             job.emit(EngineOutput([], finish_reason="abort"))
 
     def _count_waiting(self, delta: int) -> None:
@@ -194,27 +234,39 @@ class LlamaCppEngine:
             self.stats["waiting"] += delta
 
     def _take_jobs(self, block: bool) -> bool:
-        """Move queued jobs to the waiting list; False when the engine is closing."""
+        """Move queued jobs to the waiting list, in rank order; False when the engine is
+        closing."""
+        count = len(self._waiting)
         try:
             item = self._jobs.get() if block else self._jobs.get_nowait()
             while True:
                 if item is None:
                     return False
+                item.order, self._arrivals = self._arrivals, self._arrivals + 1
                 self._waiting.append(item)
                 item = self._jobs.get_nowait()
         except queue.Empty:
             return True
+        finally:
+            if len(self._waiting) > count:
+                self._waiting.sort(key=_rank)
 
     def _admit(self) -> None:
-        """Give free slots to waiting jobs (arrival order), reusing cached prefixes."""
-        still = []
+        """Give free slots to waiting jobs, highest rank first, reusing cached prefixes;
+        with none free, a job takes a lower-priority job's slot (``_preempt``)."""
+        still: list[_Job] = []
+        parked: list[_Job] = []
+        stuck = False
         for job in self._waiting:
             if job.aborted:
                 self._count_waiting(-1)
+                self._unpark(job)
                 job.emit(EngineOutput([], finish_reason="abort"))
                 continue
-            free = [s for s in self._slots if s.job is None]
-            if not free:
+            free = [] if stuck else ([s for s in self._slots if s.job is None]
+                                     or self._preempt(job, parked))
+            if not free:        # the jobs after this one rank no higher: no slot for them
+                stuck = True
                 still.append(job)
                 continue
             try:
@@ -223,12 +275,39 @@ class LlamaCppEngine:
                 job.emit(exc)
             finally:        # after running counts it: check_room never sees the job in neither
                 self._count_waiting(-1)
-        self._waiting = still
+        self._waiting = sorted(still + parked, key=_rank) if parked else still
 
-    def _start(self, job: Job, free: list[_Slot]) -> None:
-        req = job.request
-        prompt = req.prompt_token_ids
-        scoring = req.prompt_logprobs is not None
+    def _preempt(self, job: _Job, parked: list[_Job]) -> list[_Slot]:
+        """The slot of the running job that ranks lowest below ``job`` (the latest to start
+        of them), its job parked (added to ``parked``); [] when no running job ranks below."""
+        below = [s for s in self._slots if s.job is not None and s.prompt_logprobs is None
+                 and s.job.request.priority < job.request.priority]
+        if not below:
+            return []
+        slot = min(below, key=lambda s: (s.job.request.priority if s.job else 0, -s.last_used))
+        victim = slot.job
+        assert isinstance(victim, _Job) and slot.sampler is not None
+        victim.parked = _Parked(slot.sampler, slot.cached + slot.pending + [slot.next_token],
+                                slot.generated, slot.cached_tokens)
+        slot.sampler = None             # the parked job's now: not closed with the slot
+        self._release(slot)             # what it decoded stays cached in the slot
+        self._count_waiting(+1)
+        parked.append(victim)
+        return [slot]
+
+    @staticmethod
+    def _unpark(job: _Job) -> None:
+        if job.parked is not None:
+            job.parked.sampler.close()
+            job.parked = None
+
+    def _start(self, job: _Job, free: list[_Slot]) -> None:
+        """Run ``job`` in the free slot that caches most of its tokens: a new job's prompt,
+        or a parked job's tokens so far (it goes on where it was)."""
+        req, parked = job.request, job.parked
+        job.parked = None
+        prompt = req.prompt_token_ids if parked is None else parked.tokens
+        scoring = parked is None and req.prompt_logprobs is not None
         step = self._n_batch if not scoring else min(self._n_batch, 64)
         reuse = [(0 if scoring else _aligned_prefix(s.cached, prompt, step), s) for s in free]
         keep, slot = max(reuse, key=lambda pair: (pair[0], -pair[1].last_used))
@@ -236,18 +315,24 @@ class LlamaCppEngine:
             llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
             keep = 0
         slot.cached = slot.cached[:keep]
-        slot.cached_tokens, slot.chunk = keep, step
-        slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab,
-                               grammar_budget=self._grammar_ms / 1000)
-        slot.job, slot.generated = job, 0
+        slot.chunk = step
+        if parked is None:
+            slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab,
+                                   grammar_budget=self._grammar_ms / 1000)
+            slot.generated, slot.cached_tokens = 0, keep
+            self.stats["requests"] += 1
+        else:
+            slot.sampler, slot.generated = parked.sampler, parked.generated
+            slot.cached_tokens = parked.cached_tokens
+        slot.job = job
         slot.pending = list(prompt[keep:-1])
         slot.next_token = prompt[-1]
+        slot.split = len(req.prompt_token_ids) - 1
         slot.prompt_logprobs = [None] if scoring else None
         self._clock += 1
         slot.last_used = self._clock
         self.stats["running"] += 1
-        self.stats["requests"] += 1
-        if req.sampling.max_tokens <= 0 and not scoring:
+        if req.sampling.max_tokens <= 0 and not scoring and parked is None:
             self._release(slot)
             job.emit(EngineOutput([], None, "length", cached_tokens=keep))
 
@@ -263,18 +348,23 @@ class LlamaCppEngine:
     def _step(self) -> None:
         prefilling = [s for s in self._slots if s.job is not None and s.pending]
         if prefilling:
-            self._prefill_chunk(min(prefilling, key=lambda s: s.last_used))
+            self._prefill_chunk(min(prefilling, key=_prefill_rank))
         ready = [s for s in self._slots if s.job is not None and not s.pending]
         for start in range(0, len(ready), self._rows):
             self._decode_step(ready[start:start + self._rows])
         self.stats["kv_tokens"] = sum(len(s.cached) for s in self._slots)
 
     def _prefill_chunk(self, slot: _Slot) -> None:
-        """One chunk of ``slot``'s prompt, ending at the next multiple of the chunk size."""
+        """One chunk of ``slot``'s prompt, ending at the next multiple of the chunk size or at
+        the prompt's end; past it (a resumed job's generated tokens), as many as a decode
+        group's rows."""
         scores, job = slot.prompt_logprobs, slot.job
         assert job is not None                  # the worker prefills busy slots only
         start = len(slot.cached)
-        n = min(len(slot.pending), slot.chunk - start % slot.chunk)
+        if start < slot.split:
+            n = min(slot.split - start, slot.chunk - start % slot.chunk)
+        else:
+            n = min(len(slot.pending), self._rows)
         chunk = slot.pending[:n]
         self._decode([(slot, tok, scores is not None) for tok in chunk])
         if scores is not None:
@@ -366,6 +456,11 @@ class LlamaCppEngine:
             llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
             slot.cached = []
         self.stats["running"] -= 1
+
+
+def _prefill_rank(slot: _Slot) -> tuple[int, int]:
+    """Which prompt prefills first: the highest priority, then the first started."""
+    return -slot.job.request.priority if slot.job else 0, slot.last_used
 
 
 def _aligned_prefix(cached: list[int], prompt: list[int], step: int) -> int:
