@@ -152,12 +152,13 @@ def two_slots(model_path):
     asyncio.run(eng.aclose())
 
 
-@pytest.mark.parametrize("preempt_after", [0, 6])
-def test_a_preempted_request_answers_as_it_does_alone(two_slots, preempt_after):
-    """Both slots hold low-priority work (sampled with a seed and penalties, long prompts of
-    several chunks); a high-priority request takes one at once (``preempt_after`` 0: while
-    the work is still prefilling, 6: after 6 tokens), the preempted one waits its turn
-    (counted waiting), then resumes: every answer is token for token its answer alone."""
+@pytest.mark.parametrize("moment", ["prefilling", "decoding"])
+def test_a_preempted_request_answers_as_it_does_alone(two_slots, moment):
+    """Both slots hold low-priority work (sampled with a seed and penalties, prompts of three
+    chunks); a high-priority request takes one at once (the one with less in its cache: the
+    second while it is still ``prefilling``, or either once both are ``decoding``), the
+    preempted one waits its turn (counted waiting), then resumes: every answer is token for
+    token its answer alone."""
     engine = two_slots
     story = " ".join(f"Line {i}: the tide came in over the rocks." for i in range(12))
 
@@ -179,13 +180,15 @@ def test_a_preempted_request_answers_as_it_does_alone(two_slots, preempt_after):
             return seen[req.request_id]
 
         tasks = [asyncio.create_task(read(r)) for r in lows]
-        while engine.stats["running"] < 2 or \
-                min(len(ids) for ids in seen.values()) < preempt_after:
+        first, second = (seen[r.request_id] for r in lows)
+        while len(first) < 2 if moment == "prefilling" else min(len(first), len(second)) < 6:
             await asyncio.sleep(0.001)
-        before = sum(len(ids) for ids in seen.values())
+        if moment == "prefilling":
+            assert second == []         # its prompt's first chunks are in, not its last
+        before = len(first) + len(second)
         outputs = engine.generate(request(engine, "Name a colour.", max_tokens=8))
         await outputs.__anext__()
-        made = sum(len(ids) for ids in seen.values()) - before
+        made = len(first) + len(second) - before
         waiting = engine.stats["waiting"]
         await outputs.aclose()
         return await asyncio.gather(*tasks), made, waiting

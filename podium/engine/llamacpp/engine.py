@@ -18,8 +18,8 @@ in a bounded queue; past it, 429.
 
 Priority (``EngineRequest.priority``, higher first): waiting requests take free slots highest
 priority first, first come first served within one. When no slot is free, a waiting request
-preempts the running request of the lowest priority below its own (the latest of them to
-start: the least work to redo): that one is parked, its sampler (seed, penalties, grammar
+preempts the running request of the lowest priority below its own (of those, the one with
+the fewest tokens in its cache: the least work to redo): that one is parked, its sampler (seed, penalties, grammar
 state) and its tokens so far kept, and waits at its place in the queue; when it is admitted
 again its tokens are its prompt (the part its slot still caches is reused) and it goes on
 from the token it had reached, so its stream continues without a gap or a repeat. So an
@@ -278,13 +278,14 @@ class LlamaCppEngine:
         self._waiting = sorted(still + parked, key=_rank) if parked else still
 
     def _preempt(self, job: _Job, parked: list[_Job]) -> list[_Slot]:
-        """The slot of the running job that ranks lowest below ``job`` (the latest to start
-        of them), its job parked (added to ``parked``); [] when no running job ranks below."""
+        """The slot of the running job of the lowest priority below ``job``'s (the fewest
+        tokens to redo of them), its job parked (added to ``parked``); [] when none is
+        below."""
         below = [s for s in self._slots if s.job is not None and s.prompt_logprobs is None
                  and s.job.request.priority < job.request.priority]
         if not below:
             return []
-        slot = min(below, key=lambda s: (s.job.request.priority if s.job else 0, -s.last_used))
+        slot = min(below, key=lambda s: (s.job.request.priority if s.job else 0, len(s.cached)))
         victim = slot.job
         assert isinstance(victim, _Job) and slot.sampler is not None
         victim.parked = _Parked(slot.sampler, slot.cached + slot.pending + [slot.next_token],

@@ -18,6 +18,14 @@ Podium keeps its own detokenizer, stop strings and parsers: requests go with
 ``ignore_eos``). The stop token comes back with the last output and is counted
 (``stopped_by_token``). A grammar goes as vLLM structured outputs (GBNF, through xgrammar).
 
+Priority: vLLM's scheduler runs with ``scheduling_policy="priority"``, and a request goes
+with ``priority=-request.priority`` (vLLM runs the lowest value first, Podium the highest).
+Its waiting queue is then ordered by priority, then arrival (equal priorities keep vLLM's
+first come, first served order). vLLM preempts a running request of lower priority only
+when the KV cache runs out, not for one of the ``max_num_seqs`` sequences, so a
+high-priority request waits for the next sequence that frees (``Capabilities.preemption``
+false): batch work must leave sequences free for interactive work by holding fewer.
+
 Stats: ``running`` and ``waiting`` split the requests Podium has in flight by vLLM's
 scheduler figures (from a stat logger); ``kv_tokens`` is what the KV cache holds: blocks in
 use by running requests, or, when more, the full blocks the prefix cache keeps (tracked here
@@ -125,7 +133,7 @@ _EMBEDS = itertools.count()
 
 
 class VllmEngine:
-    capabilities = Capabilities()       # sampling, grammars, logprobs, prefix caching: all
+    capabilities = Capabilities(preemption=False)   # no sequence taken from running work
     pair_overhead = 0                   # a reranker's special tokens around a pair
 
     def __init__(self, model: str | Path, *, served_name: str | None = None,
@@ -155,7 +163,8 @@ class VllmEngine:
             enforce_eager=enforce_eager, enable_prefix_caching=True,
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
-            data_parallel_size=data_parallel_size, disable_log_stats=True)
+            data_parallel_size=data_parallel_size, disable_log_stats=True,
+            scheduling_policy="priority")
         if kind in ("embedding", "rerank"):
             args.update(runner="pooling", enable_prefix_caching=False)
         if kind == "rerank":        # a cross-encoder: the pair as its tokenizer joins one
@@ -407,7 +416,8 @@ class VllmEngine:
                                                else self._eos)
         first = True
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
-        async for out in self._llm.generate(prompt, params, req.request_id):
+        async for out in self._llm.generate(prompt, params, req.request_id,
+                                            priority=-req.priority):
             completion = out.outputs[0]
             ids = [] if scoring_only else list(completion.token_ids)
             finish: FinishReason | None = None
