@@ -112,8 +112,6 @@ class ScriptedEngine:
         place = self._places[request.request_id] = _Place(
             self, (-request.priority, next(self._arrivals)))
         self.stats["waiting"] += 1
-        if self._max_num_seqs is not None:
-            heapq.heappush(self._queue, (place.rank, weakref.ref(place)))
         return self._run(request, place)
 
     async def _run(self, request: EngineRequest, place: _Place
@@ -191,7 +189,10 @@ class ScriptedEngine:
 
     async def _turn(self, place: _Place) -> None:
         """Wait until ``place`` may run (or is aborted): a place free and no waiting request
-        ranking before it."""
+        ranking before it. A request joins the queue when it is first read (a generator
+        runs no sooner), so one never read holds nobody up."""
+        if self._max_num_seqs is not None:
+            heapq.heappush(self._queue, (place.rank, weakref.ref(place)))
         while not place.aborted and not self._may_run(place):
             freed = asyncio.get_running_loop().create_future()
             self._freed.append(freed)
@@ -238,7 +239,6 @@ class ScriptedEngine:
         place.state, place.halt = "waiting", False
         self.stats["running"] -= 1
         self.stats["waiting"] += 1
-        heapq.heappush(self._queue, (place.rank, weakref.ref(place)))
         self._wake()
         await self._turn(place)
         if not place.aborted:

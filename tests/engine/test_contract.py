@@ -319,8 +319,8 @@ def test_a_higher_priority_request_goes_before_queued_lower_ones(engine):
         started: list[str] = []
         marks: dict[str, int] = {}
 
-        async def read(req: EngineRequest, outputs: Generation) -> list[EngineOutput]:
-            outs = []
+        async def read(req: EngineRequest, outputs: Generation,
+                       outs: list[EngineOutput]) -> list[EngineOutput]:
             async for out in outputs:
                 if not outs:
                     started.append(req.request_id)
@@ -330,19 +330,17 @@ def test_a_higher_priority_request_goes_before_queued_lower_ones(engine):
                 seen[req.request_id] += out.token_ids
             return outs
 
-        tasks = []
-        for req in lows[:SLOTS]:
-            seen[req.request_id] = []
-            tasks.append(asyncio.create_task(read(req, engine.generate(req))))
-        while len(started) < SLOTS:                 # both running
-            await asyncio.sleep(0.001)
+        running = [engine.generate(req) for req in lows[:SLOTS]]
+        firsts = [[await outputs.__anext__()] for outputs in running]     # both running
+        for req, outs in zip(lows, firsts):
+            started.append(req.request_id)
+            seen[req.request_id] = list(outs[0].token_ids)
         seen[lows[SLOTS].request_id], seen[high.request_id] = [], []
-        engine.check_room(2)
-        queued = engine.generate(lows[SLOTS])
         marks["queued"] = sum(len(seen[r.request_id]) for r in lows[:SLOTS])
-        urgent = engine.generate(high)
-        tasks += [asyncio.create_task(read(lows[SLOTS], queued)),
-                  asyncio.create_task(read(high, urgent))]
+        engine.check_room(2)
+        queued, urgent = engine.generate(lows[SLOTS]), engine.generate(high)
+        tasks = [read(req, outputs, outs) for req, outputs, outs in zip(lows, running, firsts)]
+        tasks += [read(lows[SLOTS], queued, []), read(high, urgent, [])]
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 120)
         await until_idle(engine)
         return outs, started, marks
