@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -73,3 +75,18 @@ def client(server_url) -> openai.OpenAI:
     client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
     yield client
     client.close()
+
+
+def npm_package(spec: str, folder: str, what: str) -> Path:
+    """An npm package (``spec``: name@version, pinned) installed once into the tests' cache
+    folder ``folder`` (kept between runs); that folder. ``what`` names the test that needs npm."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache / "podium-tests" / folder
+    name = spec.rsplit("@", 1)[0]
+    if not (root / "node_modules" / name / "package.json").exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.fail(f"The {what} test needs npm (Debian: apt-get install npm)")
+        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root), spec],
+                       check=True, timeout=600, capture_output=True)
+    return root

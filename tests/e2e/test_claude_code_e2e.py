@@ -14,7 +14,6 @@ registry (cached between runs): a native binary in a platform package.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, _free_port
+from tests.e2e.conftest import MODEL, _free_port, npm_package
 
 CLAUDE_CODE_VERSION = "2.1.330"
 TURN_SECONDS = 900
@@ -36,17 +35,9 @@ TROUBLE = ("API error (attempt", "falling back to non-streaming", "non-streaming
 
 
 def claude_binary() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    root = cache / "podium-tests" / f"claude-code-{CLAUDE_CODE_VERSION}"
-    binary = root / "node_modules" / ".bin" / "claude"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.fail("The Claude Code test needs npm (Debian: apt-get install npm)")
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
-                        f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"], check=True,
-                       timeout=600, capture_output=True)
-    return binary
+    root = npm_package(f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
+                       f"claude-code-{CLAUDE_CODE_VERSION}", "Claude Code")
+    return root / "node_modules" / ".bin" / "claude"
 
 
 @pytest.fixture(scope="module")

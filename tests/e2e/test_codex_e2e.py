@@ -10,7 +10,6 @@ The CLI comes from the npm registry (cached between runs); this machine kind has
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,23 +19,14 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, _free_port
+from tests.e2e.conftest import MODEL, _free_port, npm_package
 
 CODEX_VERSION = "0.169.0"
 
 
 def codex_binary() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    root = cache / "podium-tests" / f"codex-{CODEX_VERSION}"
-    binary = root / "node_modules" / ".bin" / "codex"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.fail("The Codex test needs npm (Debian: apt-get install npm)")
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
-                        f"@openai/codex@{CODEX_VERSION}"], check=True, timeout=600,
-                       capture_output=True)
-    return binary
+    root = npm_package(f"@openai/codex@{CODEX_VERSION}", f"codex-{CODEX_VERSION}", "Codex")
+    return root / "node_modules" / ".bin" / "codex"
 
 
 @contextlib.contextmanager

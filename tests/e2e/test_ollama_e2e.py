@@ -8,8 +8,6 @@ The npm package comes from the npm registry (cached between runs), like Codex's 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import jsonschema
 import ollama
 import pytest
 
-from tests.e2e.conftest import MODEL
+from tests.e2e.conftest import MODEL, npm_package
 
 OLLAMA_JS_VERSION = "0.6.4"
 GREEDY = {"temperature": 0, "seed": 1}
@@ -128,16 +126,8 @@ console.log(JSON.stringify({ content, parts, done: last.done, done_reason: last.
 
 def ollama_js() -> Path:
     """The ``ollama`` npm package, installed once into the cache; its folder."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    root = cache / "podium-tests" / f"ollama-js-{OLLAMA_JS_VERSION}"
-    if not (root / "node_modules" / "ollama" / "package.json").exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.fail("The ollama npm client test needs npm (Debian: apt-get install npm)")
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
-                        f"ollama@{OLLAMA_JS_VERSION}"], check=True, timeout=600,
-                       capture_output=True)
-    return root
+    return npm_package(f"ollama@{OLLAMA_JS_VERSION}", f"ollama-js-{OLLAMA_JS_VERSION}",
+                       "ollama npm client")
 
 
 def test_the_ollama_npm_client_streams_a_chat(server_url):
