@@ -216,7 +216,8 @@ def capabilities(entry: Entry, about: Described, kind: str, template: str | None
                  ) -> list[str]:
     """Ollama's capabilities: ``embedding`` for an embedding model; for a chat model
     ``completion``, ``tools`` (its template takes tools, or Harmony), ``thinking`` (it has a
-    reasoning parser, named or detected), ``insert`` (its vocabulary has the
+    reasoning parser, named or detected: for a loaded model, its dialect's, the rule
+    ``/api/chat``'s ``think`` applies), ``insert`` (its vocabulary has the
     fill-in-the-middle tokens ``/api/generate``'s ``suffix`` writes). Never ``vision``:
     Podium serves text."""
     if kind == "embedding":
@@ -232,9 +233,10 @@ def capabilities(entry: Entry, about: Described, kind: str, template: str | None
     found = ["completion"]
     if harmony or (settings.tool_parser != "none" and "tools" in text):
         found.append("tools")
-    if harmony or reasoning != "none":
+    from podium.api.ollama.chat import FIM, can_think
+    if (can_think(entry.engine.dialect) if entry.state == "loaded"
+            else harmony or reasoning != "none"):
         found.append("thinking")
-    from podium.api.ollama.chat import FIM
     if set(FIM) <= set(about.fim_tokens):
         found.append("insert")
     return found
