@@ -34,6 +34,10 @@ from podium.stream import ChoiceStream
 
 T = TypeVar("T")
 
+# The engine priority of the requests started from this context (``EngineRequest.priority``):
+# interactive requests keep 0; the batch worker sets its own, lower, for each request it runs.
+PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar("podium_priority", default=0)
+
 
 def output_budget(prompt_tokens: int, requested: int | None, context: int, cap: int = 0,
                   prompt_param: str = "messages", max_param: str = "max_tokens") -> int:
@@ -138,13 +142,16 @@ def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, option
 
 def start(engine: Engine, choices: list[Choice]) -> None:
     """Queue every choice's request with the engine, or none of them: 400 when they could
-    never fit, 429 when the engine cannot take them now.
+    never fit, 429 when the engine cannot take them now. Each goes at the ``PRIORITY`` of
+    the work that started it.
 
     Runs on the event loop with no await inside, so the room check and the enqueueing are
     one step that no other request can come between.
     """
     engine.check_room(len(choices))
+    priority = PRIORITY.get()
     for choice in choices:
+        choice.request.priority = priority
         choice.outputs = engine.generate(choice.request)
 
 

@@ -180,6 +180,11 @@ class Settings:
                          "agent clients' long instructions).")
     max_num_seqs: int = _opt(4, "Sequences decoded together in one batch (each with its own "
                              "--ctx-size of KV cache).")
+    batch_max_in_flight: int = _opt(
+        0, "Requests of batches (/v1/batches) one replica runs at once, each at a lower "
+        "priority than any interactive request (0: --max-num-seqs with the llama.cpp engine, "
+        "whose interactive requests take a batch request's sequence at once; one less with "
+        "vLLM, where they wait for a sequence to free).")
     max_queued_requests: int = _opt(
         256, "Requests waiting for a free sequence; past it 429 with Retry-After.")
     deterministic: bool = _opt(

@@ -16,7 +16,7 @@ import time
 from bisect import bisect_left
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -49,6 +49,10 @@ class Metrics:
         r.register(self.generation_tokens)
         self.errors = Counter("podium_errors", "Error responses by error type", ["type"],
                               registry=r)
+        self.batch_requests = Counter("podium_batch_requests",
+                                      "Batch requests answered here, by result (completed: "
+                                      "in the output file; failed: in the error file)",
+                                      ["result"], registry=r)
         r.register(_GaugeCollector(gauges))
 
 
@@ -111,10 +115,16 @@ class LoopCounter:
         return [total, created]
 
 
+class Labelled(NamedTuple):
+    """A gauge's values by one label other than ``model`` (batches by ``status``)."""
+    label: str
+    values: dict[str, float]
+
+
 class _GaugeCollector:
     """Figures read at scrape time (each model's engine and loads, the store's size):
-    nothing to keep in sync. A value by model is labelled ``model``; a name ending in
-    ``_total`` is a counter."""
+    nothing to keep in sync. A value by model is labelled ``model`` (a ``Labelled`` one by
+    its own label); a name ending in ``_total`` is a counter."""
 
     def __init__(self, read: Callable[[], dict[str, Any]]):
         self._read = read
@@ -123,6 +133,12 @@ class _GaugeCollector:
         for name, value in self._read().items():
             doc = name.removesuffix("_total").replace("_", " ")
             counter = name.endswith("_total")
+            if isinstance(value, Labelled):
+                family = GaugeMetricFamily(f"podium_{name}", doc, labels=[value.label])
+                for key, figure in value.values.items():
+                    family.add_metric([key], figure)
+                yield family
+                continue
             if not isinstance(value, dict):
                 yield GaugeMetricFamily(f"podium_{name}", doc, value=value)
                 continue

@@ -42,7 +42,8 @@ from podium.settings import Settings
 from podium.store.base import NO_OWNER
 from podium.store.conversations import ConversationStore
 from podium.store.sql import SQLStore, data_dir
-from podium.telemetry import Metrics
+from podium.store.batches import STATUSES as BATCH_STATUSES, BatchStore
+from podium.telemetry import Labelled, Metrics
 
 _ERRORS: dict[int | str, dict[str, Any]] = {status: {"description": text, "content": {"application/json": {"example": error_body(
     text, "invalid_request_error")}}} for status, text in [
@@ -61,8 +62,9 @@ def json_response_status(obj: Any, status: int) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
-def _gauges(models: Models, store: SQLStore) -> dict[str, Any]:
-    """Per model (labelled), read at scrape time: its engine's load, its loads."""
+def _gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, Any]:
+    """Per model (labelled), read at scrape time: its engine's load, its loads; batches by
+    status and their requests queued (on every replica: the database's)."""
     by: dict[str, dict[str, float]] = {name: {} for name in (
         "running_sequences", "queued_sequences", "kv_cache_usage_ratio", "model_loaded",
         "model_active_requests", "model_loads_total", "model_unloads_total",
@@ -79,7 +81,10 @@ def _gauges(models: Models, store: SQLStore) -> dict[str, Any]:
                 ("model_unloads_total", entry.unloads),
                 ("model_load_seconds_total", entry.load_seconds)):
             by[name][entry.name] = value
-    return {**by, "stored_responses": store.count()}
+    by_status, queued = batches.figures()
+    return {**by, "stored_responses": store.count(),
+            "batches": Labelled("status", {s: by_status.get(s, 0) for s in BATCH_STATUSES}),
+            "batch_requests_queued": queued}
 
 
 def respond(result: dict | AsyncGenerator[Any, None], encoder: type[Encoder] = ChatSSE
@@ -116,6 +121,16 @@ _ROUTES = {"chat": "text generation (chat, completions, responses, messages; Oll
 HELD = "podium.held"    # the scope's list of models a request holds (released at its end)
 
 
+def check_kind(entry: Entry, name: str, kind: str | tuple[str, ...]) -> None:
+    """400 if the model ``name`` names is of another kind than ``kind`` (one, or those a
+    route takes): an embedding model asked to chat."""
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if entry.config.kind != "auto" and entry.config.kind not in kinds:
+        raise InvalidRequestError(
+            f"'{name}' is {_KINDS[entry.config.kind]}: it serves {_ROUTES[entry.config.kind]}",
+            param="model")
+
+
 async def model_of(request: Request, name: str, kind: str | tuple[str, ...] = "chat"
                    ) -> Served:
     """The model the request names, loaded (waiting for it), held until the response ends:
@@ -128,11 +143,7 @@ async def model_of(request: Request, name: str, kind: str | tuple[str, ...] = "c
     except ModelNotFound as exc:
         exc.model = name            # Ollama's routes say it in Ollama's words
         raise
-    kinds = (kind,) if isinstance(kind, str) else kind
-    if entry.config.kind != "auto" and entry.config.kind not in kinds:
-        raise InvalidRequestError(
-            f"'{name}' is {_KINDS[entry.config.kind]}: it serves {_ROUTES[entry.config.kind]}",
-            param="model")
+    check_kind(entry, name, kind)
     entry = await models.acquire(name)
     request.scope[HELD].append(entry)
     return entry.engine
@@ -166,13 +177,15 @@ def create_app(settings: Settings, served: Engine | list[ModelConfig],
             models.adopt(config.name, loader.serve(config, engines.pop(config.name)))
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await responses.startup()
         await conversations.startup()
         await models.start()
+        await app.state.batch_worker.start()
         try:
             yield
         finally:
+            await app.state.batch_worker.stop()
             await responses.shutdown()
             await models.aclose()
             await store.aclose()
@@ -184,7 +197,8 @@ def create_app(settings: Settings, served: Engine | list[ModelConfig],
     app.state.models = models
     app.state.responses = responses
     app.state.conversations = conversations
-    app.state.metrics = metrics = Metrics(lambda: _gauges(models, store))
+    app.state.metrics = metrics = Metrics(lambda: _gauges(models, store,
+                                                          app.state.batch_store))
     app.state.drain = responses.drain = Drain()
     app.state.store = store
     errors.install(app)
@@ -306,8 +320,9 @@ def _routes(app: FastAPI) -> None:
 
     _conversation_routes(app)
     # the Files API and Ollama's (/api/*): their own modules, using this one's helpers
-    from podium.server import files, ollama_chat, ollama_models
+    from podium.server import batches, files, ollama_chat, ollama_models
     files.routes(app)
+    batches.routes(app)
     ollama_chat.routes(app)
     ollama_models.routes(app)
 

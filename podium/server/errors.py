@@ -89,9 +89,11 @@ async def on_podium_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, exc.to_body(), headers=exc.headers)
 
 
-async def on_validation_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
+def validation_body(errors: Any) -> dict[str, Any]:
+    """OpenAI's 400 body for pydantic's ``errors()`` of a request body: the first five
+    problems, each at the caller's parameter (``messages[0].content``), the first's as
+    ``param``."""
+    errors = list(errors)
     first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "Invalid request"}
     param: str | None = _location(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
@@ -100,8 +102,12 @@ async def on_validation_error(request: Request, exc: Exception) -> Response:
     else:
         message = "; ".join(f"{_location(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}"
                             for e in errors[:5])
-    return error_response(400, error_body(message, "invalid_request_error", param or None),
-                          request=request)
+    return error_body(message, "invalid_request_error", param or None)
+
+
+async def on_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(400, validation_body(exc.errors()), request=request)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:

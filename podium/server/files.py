@@ -45,7 +45,8 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
 
 def routes(app: FastAPI) -> None:
     """Adds the Files API's routes (its service on the app's store) to the app."""
-    app.state.files = FilesService(FileStore(app.state.store.engine), app.state.settings)
+    app.state.file_store = store = FileStore(app.state.store.engine)
+    app.state.files = FilesService(store, app.state.settings)
 
     @app.post(UPLOAD_PATH, responses=_ERRORS, openapi_extra=_UPLOAD_BODY)
     async def create_file(request: Request):

@@ -30,7 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from podium.store.sql import _MIGRATION_LOCK, _mapped, metadata
+from podium.store.sql import _mapped, create_tables, metadata
 
 CHUNK_BYTES = 1 << 20           # bytes of a file a chunk row holds (the last one: the rest)
 STALE_SECONDS = 3600.0          # an upload with no chunk for this long is abandoned
@@ -60,24 +60,24 @@ file_chunks = sa.Table(
 )
 
 
-def new_id(now_ms: int | None = None) -> str:
-    """``file-`` + the time in milliseconds (9 base-36 digits: sortable until the year 5188)
-    + 16 random base-36 digits (82 bits)."""
+def new_id(now_ms: int | None = None, prefix: str = "file-") -> str:
+    """``prefix`` + the time in milliseconds (9 base-36 digits: sortable until the year
+    5188) + 16 random base-36 digits (82 bits). Ids of one prefix sort by creation."""
     ms = int(time.time() * 1000) if now_ms is None else now_ms
     stamp = ""
     for _ in range(_ID_TIME):
         ms, digit = divmod(ms, 36)
         stamp = _DIGITS[digit] + stamp
-    return "file-" + stamp + "".join(secrets.choice(_DIGITS) for _ in range(_ID_RANDOM))
+    return prefix + stamp + "".join(secrets.choice(_DIGITS) for _ in range(_ID_RANDOM))
 
 
-def id_time(file_id: str) -> int | None:
-    """The milliseconds written into a file id by ``new_id``; None if it is not one."""
-    stamp = file_id[5:5 + _ID_TIME]
-    if (not file_id.startswith("file-") or len(file_id) != 5 + _ID_TIME + _ID_RANDOM
-            or not all(c in _DIGITS for c in file_id[5:])):
+def id_time(file_id: str, prefix: str = "file-") -> int | None:
+    """The milliseconds written into an id by ``new_id``; None if it is not one."""
+    n = len(prefix)
+    if (not file_id.startswith(prefix) or len(file_id) != n + _ID_TIME + _ID_RANDOM
+            or not all(c in _DIGITS for c in file_id[n:])):
         return None
-    return int(stamp, 36)
+    return int(file_id[n:n + _ID_TIME], 36)
 
 
 class UploadLost(Exception):
@@ -111,7 +111,7 @@ class FileStore:
 
     def __init__(self, engine: sa.Engine):
         self.engine = engine
-        _create(engine)
+        create_tables(engine, [files, file_chunks])
 
     async def _run(self, fn, *args):
         with _mapped():
@@ -254,21 +254,3 @@ def _remove(db: sa.Connection, ids: list[str]) -> None:
     if ids:
         db.execute(sa.delete(files).where(files.c.id.in_(ids)))
         db.execute(sa.delete(file_chunks).where(file_chunks.c.file_id.in_(ids)))
-
-
-def _create(engine: sa.Engine) -> None:
-    """The two tables, if missing, under the schema's advisory lock on PostgreSQL (replicas
-    starting together create them once); SQLite serializes the creating writers, and one
-    that lost a race looks again."""
-    for attempt in range(10):
-        try:
-            with engine.begin() as db:
-                if db.dialect.name == "postgresql":
-                    db.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
-                               {"key": _MIGRATION_LOCK})
-                metadata.create_all(db, tables=[files, file_chunks])
-            return
-        except sa.exc.DBAPIError:
-            if attempt == 9:
-                raise
-            time.sleep(0.02 * (attempt + 1))

@@ -607,3 +607,21 @@ def _sqlite_pragmas(connection, _record) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def create_tables(engine: sa.Engine, tables: list[sa.Table]) -> None:
+    """Tables a later API added (files, batches), if missing, under the schema's advisory
+    lock on PostgreSQL (replicas starting together create them once); SQLite serializes
+    the creating writers, and one that lost a race looks again."""
+    for attempt in range(10):
+        try:
+            with engine.begin() as db:
+                if db.dialect.name == "postgresql":
+                    db.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                               {"key": _MIGRATION_LOCK})
+                metadata.create_all(db, tables=tables)
+            return
+        except sa.exc.DBAPIError:
+            if attempt == 9:
+                raise
+            time.sleep(0.02 * (attempt + 1))
