@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -46,7 +47,8 @@ Obj = dict[str, Any]
 BATCH_PRIORITY = -1             # below interactive requests (0) in every engine's queue
 POLL_SECONDS = 1.0              # the loop's turn when nothing here wakes it
 RETRY_SECONDS = 2.0             # a request refused for want of room waits this long
-_PAGE = 256                     # request rows a finalizing step reads at a time
+_PAGE = 32                      # request rows (their answers) a finalizing step reads
+_ROWS, _ROWS_BYTES = 500, 4 << 20   # request rows a validating step writes at a time
 _UNRUN = {"expired": ("batch_expired", "This request could not be executed before the "
                       "completion window expired."),
           "cancelled": ("batch_cancelled", "This request was not executed because the "
@@ -288,7 +290,8 @@ class Worker:
         await self._store.clear_requests(batch_id)  # a validation begun before, elsewhere
         found = await self._files.get(row["input_file_id"], row["owner"], time.time())
         errors: list[LineError] = []
-        seen: set[str] = set()
+        seen: set[bytes] = set()                # custom_ids' digests (16 bytes each)
+        held = 0                                # bytes of the rows not written yet
         model: str | None = None
         rows: list[tuple[int, str, str]] = []
         count = 0
@@ -315,11 +318,12 @@ class Worker:
                                         f"batch's {model!r}: a batch uses one model.", number,
                                         "body.model")
                     model = named
-                    if custom_id in seen:
+                    digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
+                    if digest in seen:
                         raise LineError("duplicate_custom_id", f"Line {number}'s custom_id "
                                         f"{custom_id!r:.80} is used by an earlier line.",
                                         number, "custom_id")
-                    seen.add(custom_id)
+                    seen.add(digest)
                 except LineError as exc:
                     errors.append(exc)
                     if len(errors) >= MAX_ERRORS:
@@ -327,9 +331,10 @@ class Worker:
                     continue
                 if not errors:
                     rows.append((number, custom_id, orjson.dumps(body).decode()))
-                    if len(rows) >= 500:
+                    held += len(rows[-1][2])
+                    if held >= _ROWS_BYTES or len(rows) >= _ROWS:
                         await self._store.add_requests(batch_id, rows)
-                        rows = []
+                        rows, held = [], 0
                 await self._keep(batch_id, renewed)
         except _FileGone:
             errors = [LineError("invalid_file", "The input file was deleted before the batch "
