@@ -347,3 +347,48 @@ def test_batch_work_waits_behind_interactive_requests(serve):
     assert first < 1.0, first       # a batch request takes 200 steps of 10 ms: 2 s
     sdk.batches.cancel(made.id)
     wait(sdk, made.id)
+
+
+# -- embeddings: a real embedding model ------------------------------------------------------
+
+def test_embeddings_lines_answer_as_the_route_does(tmp_path):
+    from starlette.testclient import TestClient
+
+    from podium.engine.llamacpp.embed import LlamaEmbedder
+    from podium.engine.llamacpp.model_files import EMBED_MODEL, default_model_path
+    from podium.server.app import create_app
+
+    engine = LlamaEmbedder(default_model_path(EMBED_MODEL), served_name="minilm", n_threads=2)
+    app = create_app(Settings(store_url=f"sqlite:///{tmp_path / 'e.db'}"), engine)
+    with TestClient(app, raise_server_exceptions=False) as http:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,
+                            max_retries=0)
+        bodies = [{"model": "minilm", "input": ["a red apple", "the stock market"]},
+                  {"model": "minilm", "input": "a red apple", "encoding_format": "base64"},
+                  {"model": "minilm", "input": "x", "dimensions": 7}]
+        lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": b}
+                 for i, b in enumerate(bodies)]
+        done = wait(sdk, sdk.batches.create(input_file_id=upload(sdk, lines),
+                                            endpoint="/v1/embeddings",
+                                            completion_window="24h").id)
+        assert done.status == "completed"
+        assert done.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
+        out = {line["custom_id"]: line["response"]["body"]
+               for line in lines_of(sdk, done.output_file_id)}
+        for i in (0, 1):            # the same body sent to the route answers the same vectors
+            direct = http.post("/v1/embeddings", json=bodies[i]).json()
+            assert [d["embedding"] for d in out[f"e{i}"]["data"]] == [
+                d["embedding"] for d in direct["data"]]
+        assert done.usage.input_tokens == sum(out[k]["usage"]["prompt_tokens"] for k in out)
+        (error,) = lines_of(sdk, done.error_file_id)
+        assert error["custom_id"] == "e2" and error["response"]["status_code"] == 400
+        assert error["response"]["body"]["error"]["param"] == "dimensions"
+        # a chat batch for an embedding model fails before anything runs
+        chat = {**chat_line(0), "body": {"model": "minilm", "messages": []}}
+        failed = wait(sdk, sdk.batches.create(input_file_id=upload(sdk, [chat]),
+                                              endpoint="/v1/chat/completions",
+                                              completion_window="24h").id)
+        assert failed.status == "failed"
+        assert failed.errors.data[0].code == "invalid_model"
+        assert "embedding model" in failed.errors.data[0].message
+        sdk.close()
