@@ -130,15 +130,16 @@ class Worker:
     async def stop(self) -> None:
         """Stop running: the requests held here go back to the queue (another replica, or
         this one restarted, runs them), a step in progress is left to its lease."""
+        held = list(self._running)          # (a cancelled request leaves _running)
         tasks = [t for t in (self._loop_task, self._step) if t is not None]
         tasks += self._running.values()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._running:
+        self._running.clear()
+        if held:
             with contextlib.suppress(StoreUnavailable):
-                await self._store.release(list(self._running), self.replica)
-            self._running.clear()
+                await self._store.release(held, self.replica)
 
     # -- the loop -----------------------------------------------------------------------
 

@@ -392,3 +392,23 @@ def test_embeddings_lines_answer_as_the_route_does(tmp_path):
         assert failed.errors.data[0].code == "invalid_model"
         assert "embedding model" in failed.errors.data[0].message
         sdk.close()
+
+
+def test_a_stopped_replica_gives_its_requests_back_and_another_finishes_them(serve):
+    a = serve(replies=["word " * 30], delay=0.01, batch_max_in_flight=2)
+    sdk_a = a.client()
+    made = sdk_a.batches.create(input_file_id=upload(sdk_a, [chat_line(i) for i in range(8)]),
+                                endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 20
+    while sdk_a.batches.retrieve(made.id).request_counts.completed < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    a.stop()                        # graceful: its running requests go back to the queue
+    b = serve(replies=["word " * 30], delay=0.001)
+    sdk_b = b.client()
+    began = time.monotonic()
+    done = wait(sdk_b, made.id)
+    assert time.monotonic() - began < 2.5   # not after the lease (3 s): given back at once
+    assert done.request_counts.model_dump() == {"total": 8, "completed": 8, "failed": 0}
+    ids = [line["custom_id"] for line in lines_of(sdk_b, done.output_file_id)]
+    assert ids == [f"r{i}" for i in range(8)]
