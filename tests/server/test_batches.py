@@ -64,6 +64,14 @@ def wait(sdk: openai.OpenAI, batch_id: str, until=("completed", "failed", "expir
         time.sleep(0.05)
 
 
+def answered(sdk: openai.OpenAI, batch_id: str, n: int, seconds: float = 20.0) -> None:
+    """Wait until ``n`` of the batch's requests are completed."""
+    deadline = time.monotonic() + seconds
+    while sdk.batches.retrieve(batch_id).request_counts.completed < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
 def lines_of(sdk: openai.OpenAI, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
@@ -277,10 +285,7 @@ def test_cancel_mid_run_ends_cancelled_with_the_partial_output(serve):
     sdk = served.client()
     made = sdk.batches.create(input_file_id=upload(sdk, [chat_line(i) for i in range(12)]),
                               endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 20
-    while sdk.batches.retrieve(made.id).request_counts.completed < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    answered(sdk, made.id, 2)
     cancelling = sdk.batches.cancel(made.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
     done = wait(sdk, made.id)
@@ -312,10 +317,7 @@ def test_a_batch_past_its_window_expires_with_the_partial_output(serve):
     sdk = served.client()
     made = sdk.batches.create(input_file_id=upload(sdk, [chat_line(i) for i in range(10)]),
                               endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 20
-    while sdk.batches.retrieve(made.id).request_counts.completed < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    answered(sdk, made.id, 1)
     with served.app.state.store.engine.begin() as db:      # a day later
         db.execute(sa.update(batches).where(batches.c.id == made.id).values(
             expires_at=int(time.time()) - 1))
@@ -399,10 +401,7 @@ def test_a_stopped_replica_gives_its_requests_back_and_another_finishes_them(ser
     sdk_a = a.client()
     made = sdk_a.batches.create(input_file_id=upload(sdk_a, [chat_line(i) for i in range(8)]),
                                 endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 20
-    while sdk_a.batches.retrieve(made.id).request_counts.completed < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    answered(sdk_a, made.id, 1)
     a.stop()                        # graceful: its running requests go back to the queue
     b = serve(replies=["word " * 30], delay=0.001)
     sdk_b = b.client()
