@@ -2,7 +2,8 @@
 
 Text is tokenized with the model's own tokenizer (special tokens as the model adds them);
 token ids are taken as they are. The engine embeds every input of every request in shared
-batches; the answer is OpenAI's list of embeddings, as floats or as base64 of little-endian
+batches, at the caller's ``PRIORITY`` (the batch worker's inputs wait behind interactive
+ones); the answer is OpenAI's list of embeddings, as floats or as base64 of little-endian
 float32 (what the SDKs decode).
 """
 
@@ -16,8 +17,7 @@ from typing import Any, cast
 
 from podium.engine.base import Embedder, Engine, Reranker
 from podium.errors import InvalidRequestError
-from podium.generation import off_loop
-from podium.generation import new_id
+from podium.generation import PRIORITY, new_id, off_loop
 from podium.protocol.embeddings import EmbeddingsRequest, RerankRequest
 
 
@@ -53,7 +53,7 @@ class EmbeddingService:
         if shorten is not None:
             self._check_dimensions(req.model, shorten, dims)
         inputs = await off_loop(self._inputs, req, inline=small)
-        vectors = await engine.embed(inputs)
+        vectors = await engine.embed(inputs, PRIORITY.get())
         if shorten is not None:
             vectors = [_shortened(v, shorten) for v in vectors]
         data = [{"object": "embedding", "index": i,
@@ -71,7 +71,7 @@ class EmbeddingService:
         engine = self._engine
         if isinstance(engine, Reranker) and engine.kind == "rerank":
             ids = await off_loop(self._pairs, texts, req.truncate_prompt_tokens, inline=small)
-            scores = await engine.score(ids[0], ids[1:])
+            scores = await engine.score(ids[0], ids[1:], PRIORITY.get())
             # what the model read: the query with each document, and the model's markers
             used = sum(len(ids[0]) + len(d) + engine.pair_overhead for d in ids[1:])
         else:
@@ -84,7 +84,8 @@ class EmbeddingService:
                 index = int(exc.param.split("[")[1].split("]")[0]) if exc.param else 0
                 exc.param = "query" if index == 0 else f"documents[{index - 1}]"
                 raise
-            query, *docs = await self._embedder(req.model, "rerank").embed(inputs)
+            embedder = self._embedder(req.model, "rerank")
+            query, *docs = await embedder.embed(inputs, PRIORITY.get())
             scores = [_cosine(query, d) for d in docs]
             used = sum(len(ids) for ids in inputs)
         order = sorted(range(len(scores)), key=lambda i: -scores[i])[:req.top_n]

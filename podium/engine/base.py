@@ -204,12 +204,17 @@ class Embedder(Protocol):
     ``embed`` gives one vector per input (token ids, 1 to ``info.context_length`` of them,
     else ``InvalidRequestError`` naming ``input[i]``), pooled and normalized as the model
     does, each the same whether it was embedded alone or batched with other requests'
-    inputs (tests/engine/test_embedder.py holds every embedder to this)."""
+    inputs (tests/engine/test_embedder.py holds every embedder to this).
+
+    ``priority``: as ``EngineRequest.priority``, higher first: a request's inputs are
+    embedded before every waiting input of lower priority (first come, first served within
+    a priority), so an interactive request does not wait behind a batch's queued inputs."""
 
     kind: str
     dimensions: int | None
 
-    async def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
+    async def embed(self, inputs: list[list[int]], priority: int = 0
+                    ) -> list[list[float]]: ...
 
 
 @runtime_checkable
@@ -220,9 +225,10 @@ class Reranker(Protocol):
     ``score`` takes the query's and the documents' token ids without special tokens, puts
     the model's own around each pair (``pair_overhead`` tokens of them: the caller fits each
     pair in the context with those counted), and gives each document's relevance in [0, 1]:
-    the model's activation applied once."""
+    the model's activation applied once. ``priority``: as ``Embedder.embed``'s (higher first)."""
 
     kind: str
     pair_overhead: int
 
-    async def score(self, query: list[int], documents: list[list[int]]) -> list[float]: ...
+    async def score(self, query: list[int], documents: list[list[int]], priority: int = 0
+                    ) -> list[float]: ...

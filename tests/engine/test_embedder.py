@@ -1,7 +1,8 @@
 """The embedding engines on the real packaged model (llama.cpp's LlamaEmbedder on its GGUF;
 vLLM's pooling runner on its sentence-transformers folder where vLLM is installed): what
 ``embed`` promises (one normalized vector per input, sentence-transformers' own, the same
-alone or batched with others), its bounds; the llama.cpp worker's packing and close."""
+alone or batched with others), its bounds, its priority; the llama.cpp worker's packing and
+close."""
 
 from __future__ import annotations
 
@@ -74,6 +75,54 @@ def test_every_embedder_bounds_its_inputs_and_refuses_to_generate(any_embedder):
     asyncio.run(main())
     with pytest.raises(InvalidRequestError, match="embedding model"):
         any_embedder.check_room(1)
+
+
+def test_every_embedder_embeds_a_higher_priority_request_before_queued_lower_ones(
+        any_embedder):
+    """A batch request's 600 inputs queued first (priority -1), an interactive request's
+    after them (0): the interactive one is done while the batch one still runs, and each
+    input gets the vector it gets without the other request. (Short inputs: the batch
+    request's decodes stay quick.)"""
+    ids = [any_embedder.tokenizer.encode(f"lighthouse {i}") for i in range(40)]
+
+    async def main():
+        alone = await any_embedder.embed(ids)
+        low = asyncio.ensure_future(any_embedder.embed(ids * 15, -1))
+        await asyncio.sleep(0.2)                # queued, and its first inputs running
+        assert not low.done()
+        high = await any_embedder.embed(ids[5:8], 0)
+        low_done_first = low.done()
+        return alone, high, low_done_first, await low
+
+    alone, high, low_done_first, low = asyncio.run(main())
+    assert not low_done_first
+    assert cosine(alone[0], alone[1]) < 0.9999          # the inputs' vectors differ
+    for vector, want in zip(high, alone[5:8]):
+        assert cosine(vector, want) > 0.9999
+    assert len(low) == 600
+    for k, vector in enumerate(low):
+        assert cosine(vector, alone[k % len(ids)]) > 0.9999
+
+
+def test_within_a_priority_first_come_first_served(embedder):
+    """Two batch requests and an interactive one after them: the interactive one first,
+    then the batch requests in the order they came."""
+    ids = [embedder.tokenizer.encode(text) for text in TEXTS]
+    finished: list[str] = []
+
+    async def run(name: str, inputs: list[list[int]], priority: int) -> None:
+        await embedder.embed(inputs, priority)
+        finished.append(name)
+
+    async def main():
+        first = asyncio.ensure_future(run("first batch", ids * 3, -1))
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(run("second batch", ids[:2], -1))
+        await asyncio.sleep(0)
+        await asyncio.gather(first, second, run("interactive", ids[:2], 0))
+
+    asyncio.run(main())
+    assert finished == ["interactive", "first batch", "second batch"]
 
 
 def cosine(a, b) -> float:

@@ -7,6 +7,11 @@ least the model's context), reads each sequence's pooled vector (the pooling lla
 from the file: mean, CLS or last token), normalizes it when the model does, and hands each
 request its vectors once all of its inputs are done.
 
+Priority: the waiting inputs are kept in order of their request's priority, higher first (a
+new request's inputs go after every waiting input of its priority or higher, before the
+lower ones), and each decode takes from the front. An interactive request (0) queued behind
+a batch request's 2,048 inputs (-1) waits only for the decode in progress.
+
 Why 512 tokens a decode, not more: llama.cpp attends over every token of a decode at once
 (other sequences' masked out, but computed), so attention grows with the square of the
 decode's tokens while the matrix products grow linearly. For all-MiniLM-L6-v2 and inputs of
@@ -17,6 +22,7 @@ decode's tokens while the matrix products grow linearly. For all-MiniLM-L6-v2 an
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import math
 import queue
@@ -57,6 +63,7 @@ class _Job:
     inputs: list[list[int]]
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future
+    priority: int = 0
     vectors: list[list[float] | None] = field(default_factory=list)
     left: int = 0
     failed: bool = False
@@ -110,8 +117,9 @@ class LlamaEmbedder:
 
     # -- the boundary -------------------------------------------------------------------
 
-    async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """One vector per input (each at most the model's context, non-empty)."""
+    async def embed(self, inputs: list[list[int]], priority: int = 0) -> list[list[float]]:
+        """One vector per input (each at most the model's context, non-empty), embedded
+        before every waiting input of lower ``priority``."""
         if self._closing:
             raise RuntimeError("the model was unloaded")
         for i, ids in enumerate(inputs):
@@ -123,7 +131,8 @@ class LlamaEmbedder:
             raise RateLimited(f"{self._queued} inputs are waiting to be embedded; try again "
                               f"shortly")
         loop = asyncio.get_running_loop()
-        job = _Job(inputs, loop, loop.create_future(), [None] * len(inputs), len(inputs))
+        job = _Job(inputs, loop, loop.create_future(), priority, [None] * len(inputs),
+                   len(inputs))
         self._queued += len(inputs)
         self.stats["waiting"] += len(inputs)
         self._jobs.put(job)
@@ -135,18 +144,20 @@ class LlamaEmbedder:
             if not job.done.done():
                 job.failed = True           # the caller left: its rest is skipped
 
-    async def score(self, query: list[int], documents: list[list[int]]) -> list[float]:
+    async def score(self, query: list[int], documents: list[list[int]], priority: int = 0
+                    ) -> list[float]:
         """A reranker's relevance of each document to the query, in [0, 1]: the pair read
         as the model was trained (``[CLS] query [SEP] document [SEP]``, or ``<s> query </s>
         </s> document </s>``) and the sigmoid of its head's first output, applied once
-        (llama.cpp gives the raw logit). Ids without the model's special tokens."""
+        (llama.cpp gives the raw logit). Ids without the model's special tokens; the pairs
+        are embedded at ``priority``."""
         if self.kind != "rerank":
             raise InvalidRequestError(f"'{self.info.served_name}' is an embedding model, not "
                                       f"a reranker", param="model")
         open_, middle, close = self._pair
         pairs = [[*open_, *query, *middle, *doc, *close] for doc in documents]
         return [1 / (1 + math.exp(-max(-60.0, min(60.0, out[0]))))
-                for out in await self.embed(pairs)]
+                for out in await self.embed(pairs, priority)]
 
     def check_room(self, n: int = 1) -> None:
         if self.kind == "rerank":
@@ -172,7 +183,8 @@ class LlamaEmbedder:
     # -- the worker thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        pending: list[tuple[_Job, int]] = []        # (job, input index) not yet embedded
+        pending: list[tuple[_Job, int]] = []        # (job, input index) not yet embedded,
+                                                    # higher priority first
         while True:
             block = not pending
             try:
@@ -182,7 +194,7 @@ class LlamaEmbedder:
                     if job is None:
                         self._fail_all(pending)
                         return
-                    pending += [(job, i) for i in range(len(job.inputs))]
+                    _enqueue(pending, job)
             except queue.Empty:
                 pass
             pending = [(job, i) for job, i in pending if not job.failed]
@@ -248,3 +260,10 @@ class LlamaEmbedder:
     def _fail_all(self, pending: list[tuple[_Job, int]]) -> None:
         for job in {job for job, _ in pending}:
             self._settle(job, RuntimeError("the model was unloaded"))
+
+
+def _enqueue(pending: list[tuple[_Job, int]], job: _Job) -> None:
+    """Put ``job``'s inputs after every waiting input of its priority or higher and before
+    the lower ones (``pending`` stays ordered, higher priority first; stable)."""
+    at = bisect.bisect_right(pending, -job.priority, key=lambda entry: -entry[0].priority)
+    pending[at:at] = [(job, i) for i in range(len(job.inputs))]

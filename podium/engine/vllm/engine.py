@@ -234,8 +234,11 @@ class VllmEngine:
 
     # -- the boundary ---------------------------------------------------------------------
 
-    async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """One vector per input (an embedding model's engine): vLLM batches them."""
+    async def embed(self, inputs: list[list[int]], priority: int = 0) -> list[list[float]]:
+        """One vector per input (an embedding model's engine): vLLM batches them. Each input
+        is a request of vLLM's at ``-priority`` (the pooling runner's scheduler has the
+        priority policy too), so it waits only for the step in progress, not for lower
+        priorities' queued inputs."""
         if self.kind != "embedding":
             raise InvalidRequestError(f"'{self.info.served_name}' is a chat model: it does "
                                       f"not serve embeddings", param="model")
@@ -251,7 +254,8 @@ class VllmEngine:
         async def one(i: int, ids: list[int]) -> list[float]:
             last = None
             async for out in self._llm.encode({"prompt_token_ids": ids},
-                                              PoolingParams(task="embed"), f"{tag}-{i}"):
+                                              PoolingParams(task="embed"), f"{tag}-{i}",
+                                              priority=-priority):
                 last = out
             assert last is not None
             return last.outputs.data.tolist()
@@ -264,10 +268,12 @@ class VllmEngine:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(every(),
                                                                           self._loop))
 
-    async def score(self, query: list[int], documents: list[list[int]]) -> list[float]:
+    async def score(self, query: list[int], documents: list[list[int]], priority: int = 0
+                    ) -> list[float]:
         """A cross-encoder's relevance of each document to the query: the pair joined as its
         tokenizer joins one (token types included), vLLM's classify pooling with the
-        model's activation (a sigmoid for one label), applied once by vLLM."""
+        model's activation (a sigmoid for one label), applied once by vLLM. Each pair goes
+        at ``-priority``, as ``embed``'s inputs."""
         if self.kind != "rerank":
             raise InvalidRequestError(f"'{self.info.served_name}' is not a reranker",
                                       param="model")
@@ -284,7 +290,7 @@ class VllmEngine:
             last = None
             async for out in self._llm.encode(
                     {"prompt_token_ids": [*open_, *query, *middle, *doc, *close]}, params,
-                    f"{tag}-{i}"):
+                    f"{tag}-{i}", priority=-priority):
                 last = out
             assert last is not None
             return float(last.outputs.data.reshape(-1)[0])
