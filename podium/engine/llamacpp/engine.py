@@ -37,8 +37,10 @@ depending on how many rows share its matrix product (repacked weights switch fro
 one-row to a four-row kernel at 4 rows, another kernel takes over at 8). So that an answer
 depends on the request alone, prompt chunks sit at fixed absolute positions, the last prompt
 token is decoded with the generated ones, and with ``--deterministic`` the repacked weights
-are off and decode steps are cut into groups of at most 7 rows: then a request gives the same
-tokens alone or in any crowd. ``--no-deterministic`` keeps repacked weights and whole batches:
+are off, decode steps are cut into groups of at most 7 rows, and flash attention is off (its
+CPU kernel splits a long KV range across threads when few rows attend, so past 256 cached
+tokens a row's numbers depended on how many rows shared the step): then a request gives the
+same tokens alone or in any crowd. ``--no-deterministic`` keeps repacked weights and whole batches:
 faster at 8 streams, but a request crowded by 3 or more others may then differ from its lone
 answer in a late token (3 of 6 requests did in tests/engine/test_batching.py's mix).
 """
@@ -130,7 +132,8 @@ class LlamaCppEngine:
         self._slots = [_Slot(i) for i in range(max(1, max_num_seqs))]
         self._model = LlamaModel(path, n_ctx=n_ctx, n_batch=n_batch,
                                  n_threads=n_threads or os.cpu_count() or 1,
-                                 n_seq_max=len(self._slots), extra_buffers=not deterministic)
+                                 n_seq_max=len(self._slots), extra_buffers=not deterministic,
+                                 flash_attention=not deterministic)
         self.tokenizer = LlamaTokenizer(self._model)
         self._n_ctx = llama_cpp.llama_n_ctx_seq(self._model.ctx)
         self.info = ModelInfo(served_name=served_name, context_length=self._n_ctx,

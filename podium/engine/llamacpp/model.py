@@ -37,7 +37,8 @@ def _init_backend() -> None:
 class LlamaModel:
     def __init__(self, path: Path, *, vocab_only: bool = False, n_ctx: int = 0,
                  n_batch: int = 512, n_threads: int = 0, n_seq_max: int = 1,
-                 extra_buffers: bool = True, embeddings: bool = False):
+                 extra_buffers: bool = True, embeddings: bool = False,
+                 flash_attention: bool = True):
         _init_backend()
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = vocab_only
@@ -54,12 +55,14 @@ class LlamaModel:
         if not vocab_only:
             # n_ctx is per sequence: each gets its own KV region (llama.cpp splits the total)
             self.ctx = self._new_context((n_ctx or self.n_ctx_train) * n_seq_max, n_batch,
-                                         n_threads, n_seq_max, embeddings)
+                                         n_threads, n_seq_max, embeddings, flash_attention)
             self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
 
     def _new_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq_max: int,
-                     embeddings: bool = False):
+                     embeddings: bool = False, flash_attention: bool = True):
         params = llama_cpp.llama_context_default_params()
+        if not flash_attention:     # (else llama.cpp's choice: on where the backend has it)
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.embeddings = embeddings          # pooled vectors (the model's pooling)
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
