@@ -115,6 +115,7 @@ class Worker:
         self._on_result = on_result or (lambda error: None)
         self.replica = secrets.token_hex(8)
         self._running: dict[tuple[str, int], asyncio.Task] = {}
+        self._writing: set[tuple[str, int]] = set()     # requests writing their answer
         self._step: asyncio.Task | None = None
         self._loop_task: asyncio.Task | None = None
         self._wake = asyncio.Event()
@@ -165,9 +166,9 @@ class Worker:
                 for key in lost:                # another replica has it now: stop ours
                     self._stop(key)
             statuses = await self._store.statuses(sorted({k[0] for k in self._running}))
-            ended = [key for key in self._running
-                     if statuses.get(key[0], ("gone", 0))[0] != "in_progress"
-                     or statuses[key[0]][1] <= now]
+            ended = [key for key in self._running if key not in self._writing and (
+                     statuses.get(key[0], ("gone", 0))[0] != "in_progress"
+                     or statuses[key[0]][1] <= now)]
             for key in ended:
                 self._stop(key)
             if ended:
@@ -187,6 +188,11 @@ class Worker:
                     self._run(claimed), name=f"podium-batch-request-{claimed.line}")
 
     def _stop(self, key: tuple[str, int]) -> None:
+        """Stop a request running here, unless its answer is being written (the write
+        lands, or is refused if the request is no longer ours, and either way is counted
+        right: a request stopped after its write committed would never be counted here)."""
+        if key in self._writing:
+            return
         task = self._running.pop(key, None)
         if task is not None:
             task.cancel()
@@ -207,6 +213,7 @@ class Worker:
             line = output_line(_id("batch_req_"), claimed.custom_id, outcome.status,
                                _id("req_"), outcome.body)
             error = outcome.status != 200
+            self._writing.add(key)      # not stopped now: its write is counted where it lands
             if await self._store.finish_request(key, self.replica, orjson.dumps(line).decode(),
                                                 error, outcome.usage):
                 self._on_result(error)
@@ -218,6 +225,7 @@ class Worker:
         except Exception:  # noqa: BLE001 - one request must not stop the others
             log.exception("batch %s line %d failed", claimed.batch_id, claimed.line)
         finally:
+            self._writing.discard(key)
             if self._running.get(key) is asyncio.current_task():
                 del self._running[key]
             self.poke()

@@ -411,3 +411,57 @@ def test_a_stopped_replica_gives_its_requests_back_and_another_finishes_them(ser
     assert done.request_counts.model_dump() == {"total": 8, "completed": 8, "failed": 0}
     ids = [line["custom_id"] for line in lines_of(sdk_b, done.output_file_id)]
     assert ids == [f"r{i}" for i in range(8)]
+
+
+def test_an_answer_written_while_the_worker_looks_at_its_leases_is_counted(tmp_path,
+                                                                            monkeypatch):
+    """A request's answer commits on a worker thread; until its task resumes, the worker's
+    lease renewal sees the row no longer running under it. The task must not be stopped
+    then: the answer is in the batch's counts and must reach the metric too."""
+    import asyncio
+
+    from podium.api.batch_worker import Outcome, Worker
+    from podium.store.batches import BatchStore, Usage
+    from podium.store.files import FileStore, StoredFile, new_id
+    from podium.store.sql import SQLStore
+
+    finish = BatchStore._finish_request
+
+    def late(self, *args):
+        done = finish(self, *args)
+        time.sleep(1.5)             # the thread hands the commit back late (a busy machine)
+        return done
+    monkeypatch.setattr(BatchStore, "_finish_request", late)
+
+    async def go() -> tuple[int, int]:
+        engine = SQLStore(f"sqlite:///{tmp_path / 'w.db'}").engine
+        store, files = BatchStore(engine), FileStore(engine)
+        counted: list[bool] = []
+
+        async def execute(endpoint, body, owner):
+            return Outcome(200, {"ok": True}, Usage(1, 0, 1, 0))
+        worker = Worker(store, files, execute=execute, check_model=lambda m, e: None,
+                        in_flight=4, lease_seconds=3.0, max_line_bytes=1 << 20,
+                        on_result=counted.append)
+        data = b"".join(orjson.dumps(chat_line(i)) + b"\n" for i in range(3))
+        file_id = new_id()
+        await files.finish(file_id, "o", 0, data, StoredFile(
+            file_id, "batch", "in.jsonl", len(data), int(time.time()), None))
+        now = int(time.time())
+        await store.create(dict(id="batch_w", owner="o", status="validating",
+                                endpoint="/v1/chat/completions", input_file_id=file_id,
+                                completion_window="24h", created_at=now,
+                                expires_at=now + 86400))
+        await worker.start()
+        try:
+            for _ in range(300):
+                row = await store.get("batch_w", None)
+                if row["status"] == "completed":
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(2)      # every task resumed
+        finally:
+            await worker.stop()
+        return row["completed"], len(counted)
+
+    assert asyncio.run(go()) == (3, 3)
