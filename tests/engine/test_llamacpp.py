@@ -198,3 +198,35 @@ def test_a_preempted_request_answers_as_it_does_alone(two_slots, moment):
     assert made <= 3                    # the other slot's work: the step in progress and one
     assert answers == alone
     assert engine.stats["running"] == 0 and engine.stats["waiting"] == 0
+
+
+def test_lower_priority_work_makes_no_steps_while_a_higher_prompt_is_prefilled(two_slots):
+    """One slot decodes batch work (-1); an interactive request with a prompt of four chunks
+    takes the other: until its first token, the batch work makes at most the step in progress
+    and the decode it shares with that first token (one token a chunk before)."""
+    engine = two_slots
+    story = " ".join(f"Line {i}: the tide came in over the rocks." for i in range(16))
+
+    async def scenario():
+        low = request(engine, "Count to a thousand.", max_tokens=400, ignore_eos=True)
+        low.priority = -1
+        made: list[int] = []
+
+        async def read():
+            async for out in engine.generate(low):
+                made.extend(out.token_ids)
+        task = asyncio.create_task(read())
+        while len(made) < 3:
+            await asyncio.sleep(0.001)
+        high = request(engine, f"{story}\nSummarise this.", max_tokens=4)
+        assert len(high.prompt_token_ids) > 3 * 64             # four chunks of n_batch 64
+        before = len(made)
+        outputs = engine.generate(high)
+        await outputs.__anext__()
+        during = len(made) - before
+        await outputs.aclose()
+        await engine.abort(low.request_id)
+        await task
+        return during
+
+    assert asyncio.run(scenario()) <= 2

@@ -25,7 +25,9 @@ again its tokens are its prompt (the part its slot still caches is reused) and i
 from the token it had reached, so its stream continues without a gap or a repeat. So an
 interactive request never waits behind batch work for more than the step in progress,
 whether batch work fills the slots or the queue, while batch work alone still uses every
-slot. Among prompts being prefilled, the highest priority goes first. A request still
+slot. Among prompts being prefilled, the highest priority goes first, and while one is,
+running sequences of a lower priority make no decode steps: its first token is not held up
+by theirs. A request still
 prefilling a prompt it scores (``prompt_logprobs``) is not preempted. What admission costs
 is per request; a decode step is unchanged. The resumed request's prompt is prefilled in the
 same chunks as before, and its generated tokens a decode group's rows (7) at a time, so with
@@ -351,9 +353,15 @@ class LlamaCppEngine:
 
     def _step(self) -> None:
         prefilling = [s for s in self._slots if s.job is not None and s.pending]
-        if prefilling:
-            self._prefill_chunk(min(prefilling, key=_prefill_rank))
         ready = [s for s in self._slots if s.job is not None and not s.pending]
+        if prefilling:
+            first = min(prefilling, key=_prefill_rank)
+            self._prefill_chunk(first)
+            # sequences of a lower priority than the prompt being prefilled wait: its first
+            # token comes a decode of theirs sooner per chunk (batch work holds back)
+            assert first.job is not None
+            ready = [s for s in ready if s.job is not None
+                     and s.job.request.priority >= first.job.request.priority]
         for start in range(0, len(ready), self._rows):
             self._decode_step(ready[start:start + self._rows])
         self.stats["kv_tokens"] = sum(len(s.cached) for s in self._slots)
