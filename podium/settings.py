@@ -189,8 +189,8 @@ class Settings:
         256, "Requests waiting for a free sequence; past it 429 with Retry-After.")
     deterministic: bool = _opt(
         True, "Same request and seed, same tokens, however many others share the batch "
-        "(--no-deterministic: faster batches with repacked weights, but a request crowded by "
-        "3 or more others may differ from its lone answer).")
+        "(repacked weights and flash attention off; --no-deterministic: faster batches with "
+        "both on, but a request crowded by others may differ from its lone answer).")
     grammar_ms_per_token: float = _opt(
         10.0, "llama.cpp engine: CPU milliseconds a constrained request's grammar may spend "
         "per token, on average (a burst of 8 tokens' worth at once); past it the request ends "

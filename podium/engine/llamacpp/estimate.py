@@ -4,7 +4,7 @@
 ``vocab_only`` load: the header and the vocabulary, never the tensor data; ~0.3-0.5 s) and
 adds up, for the context Podium's engine creates (``model.LlamaModel``: ``n_ctx`` tokens per
 sequence, one KV stream per sequence, ``kv_unified`` off, llama.cpp's defaults otherwise:
-f16 cache, flash attention ``auto``, which is on for the CPU):
+f16 cache; flash attention off under ``--deterministic``, llama.cpp's ``auto`` otherwise):
 
 - **weights**: the file's size (with its split siblings'). llama.cpp maps the file and
   the whole of its tensor data is resident once it has loaded (measured: the file-backed
