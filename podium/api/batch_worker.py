@@ -217,8 +217,6 @@ class Worker:
             if await self._store.finish_request(key, self.replica, orjson.dumps(line).decode(),
                                                 error, outcome.usage):
                 self._on_result(error)
-        except asyncio.CancelledError:
-            raise
         except StoreUnavailable as exc:     # its lease lapses and it runs again
             log.warning("batch %s line %d: not written: %s", claimed.batch_id, claimed.line,
                         exc.message)
@@ -243,8 +241,6 @@ class Worker:
                 await self._finalize(row, "expired")
             else:                               # every request answered (or finalizing)
                 await self._finalize(row, "completed")
-        except asyncio.CancelledError:
-            raise
         except StoreUnavailable as exc:         # the lease lapses: the step begins again
             log.warning("batch %s: %s", row["id"], exc.message)
         except _LeaseLost:
@@ -365,7 +361,7 @@ class Worker:
                 log.info("batch %s: validating -> failed (%d errors, first: %s)", batch_id,
                          len(errors), errors[0].message)
             else:
-                await self._after_validating(batch_id, count, model)
+                await self._after_validating(batch_id, model)
             return
         if rows:
             await self._store.add_requests(batch_id, rows)
@@ -375,9 +371,9 @@ class Worker:
             log.info("batch %s: validating -> in_progress (%d requests, model %s)", batch_id,
                      count, model)
         else:
-            await self._after_validating(batch_id, count, model)
+            await self._after_validating(batch_id, model)
 
-    async def _after_validating(self, batch_id: str, count: int, model: str | None) -> None:
+    async def _after_validating(self, batch_id: str, model: str | None) -> None:
         """The batch left ``validating`` while it was read (cancelled): let its step go,
         for the cancelling step."""
         await self._store.step(batch_id, self.replica, None, {"model": model})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -28,7 +28,8 @@ MAX_OPEN = 1_000                # batches one API key may have validating or run
 
 
 class BatchesService:
-    def __init__(self, store: BatchStore, files: FileStore, poke: Any = None):
+    def __init__(self, store: BatchStore, files: FileStore,
+                 poke: Callable[[], None] | None = None):
         self._store = store
         self._files = files
         self._poke = poke or (lambda: None)     # wakes this replica's worker

@@ -25,7 +25,6 @@ transaction that ends the batch: the output and error files are then the batch's
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,7 +433,3 @@ class BatchStore:
             queued = db.execute(sa.select(sa.func.count()).select_from(batch_requests).where(
                 r.state == "queued")).scalar() or 0
         return by, queued
-
-
-def now_s() -> int:
-    return int(time.time())
