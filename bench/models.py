@@ -55,7 +55,6 @@ as gemma.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import os
@@ -90,7 +89,14 @@ def measure(path: Path, n_ctx: int, n_seq: int, n_batch: int, swa_full: bool = T
 
     from podium.engine.llamacpp.model import LlamaModel, _init_backend
 
-    logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG)
+    lines: list[str] = []               # llama.cpp's log lines (model.py sends them here)
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+    llama_log = logging.getLogger("podium.llamacpp")
+    llama_log.addHandler(Keep())
+    llama_log.setLevel(logging.DEBUG)
     _init_backend()
     defaults = llama_cpp.llama_context_default_params
 
@@ -100,16 +106,12 @@ def measure(path: Path, n_ctx: int, n_seq: int, n_batch: int, swa_full: bool = T
         return params
 
     llama_cpp.llama_context_default_params = context_params
-    captured, sys.stderr = io.StringIO(), io.StringIO()     # llama.cpp's log lines
-    try:
-        before = rss()
-        model = LlamaModel(path, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq,
-                           n_threads=os.cpu_count() or 1, extra_buffers=not deterministic)
-        loaded = rss()
-        _warm_up(model, n_batch, n_seq)
-        warm = rss()
-    finally:
-        captured, sys.stderr = sys.stderr, sys.__stderr__
+    before = rss()
+    model = LlamaModel(path, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq,
+                       n_threads=os.cpu_count() or 1, extra_buffers=not deterministic)
+    loaded = rss()
+    _warm_up(model, n_batch, n_seq)
+    warm = rss()
     m, ctx = model.model, model.ctx
     reported = {
         "n_layer": llama_cpp.llama_model_n_layer(m), "n_head": llama_cpp.llama_model_n_head(m),
@@ -120,7 +122,7 @@ def measure(path: Path, n_ctx: int, n_seq: int, n_batch: int, swa_full: bool = T
         "n_ctx": llama_cpp.llama_n_ctx(ctx), "n_ctx_seq": llama_cpp.llama_n_ctx_seq(ctx),
         "tensor_bytes": llama_cpp.llama_model_size(m),
     }
-    log = [line.strip() for line in captured.getvalue().splitlines()
+    log = [line.strip() for line in lines
            if any(k in line for k in ("buffer size", "KV cache", "kv_cache", "flash_attn",
                                       "n_ctx", "swa", "SWA"))]
     model.close()

@@ -2,6 +2,7 @@
 
 import asyncio
 import itertools
+import logging
 
 import pytest
 
@@ -198,6 +199,56 @@ def test_a_preempted_request_answers_as_it_does_alone(two_slots, moment):
     assert made <= 3                    # the other slot's work: the step in progress and one
     assert answers == alone
     assert engine.stats["running"] == 0 and engine.stats["waiting"] == 0
+
+
+def test_a_higher_priority_request_interrupts_a_lower_prompt_chunk(two_slots, caplog):
+    """Batch work (-1) is prefilling a prompt chunk (seconds on one thread) when
+    an interactive request arrives: that decode is interrupted and undone, the interactive
+    prompt is prefilled and its first token decoded before the batch prompt's next chunk,
+    and the batch request then answers token for token as alone."""
+    engine = two_slots
+    story = " ".join(f"Line {i}: the tide came in over the rocks." for i in range(16))
+
+    def low():
+        req = request(engine, f"{story}\nSummarise this.", max_tokens=6, temperature=0.8,
+                      seed=3, ignore_eos=True)
+        req.priority = -1
+        return req
+
+    alone = run(engine, low())[0]
+    decodes: list[tuple[int, int, bool]] = []       # (priority, rows, done) of each decode
+    decode = engine._decode
+
+    def recorded(rows):
+        done = decode(rows)
+        decodes.append((rows[0][0].job.request.priority, len(rows), done))
+        return done
+
+    async def scenario():
+        req = low()
+        task = asyncio.create_task(collect(engine, req))
+        while engine._decoding is None:          # its first chunk's decode has begun
+            await asyncio.sleep(0.001)
+        high = request(engine, "Name a colour.", max_tokens=2)
+        await collect(engine, high)
+        return (await task)[0], len(high.prompt_token_ids)
+
+    engine._decode = recorded
+    try:
+        with caplog.at_level(logging.DEBUG, logger="podium.llamacpp"):
+            answer, prompt = asyncio.run(scenario())
+    finally:
+        del engine._decode
+    # llama.cpp's note on the undone decode is a debug line here, not a warning on stderr
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "podium.llamacpp"]
+    assert any(level == logging.DEBUG and "removing memory module" in text
+               for level, text in said), said
+    assert all(level < logging.WARNING for level, _ in said), said
+    assert decodes[0][::2] == (-1, False)           # the batch chunk, interrupted
+    # then the interactive prompt (but its last token), its first token, before any more
+    # batch prompt: the batch request's decodes all come after
+    assert decodes[1:3] == [(0, prompt - 1, True), (0, 1, True)]
+    assert answer == alone
 
 
 def test_lower_priority_work_makes_no_steps_while_a_higher_prompt_is_prefilled(two_slots):

@@ -22,17 +22,22 @@ preempts the running request of the lowest priority below its own (of those, the
 the fewest tokens in its cache: the least work to redo): that one is parked, its sampler (seed, penalties, grammar
 state) and its tokens so far kept, and waits at its place in the queue; when it is admitted
 again its tokens are its prompt (the part its slot still caches is reused) and it goes on
-from the token it had reached, so its stream continues without a gap or a repeat. So an
-interactive request never waits behind batch work for more than the step in progress,
-whether batch work fills the slots or the queue, while batch work alone still uses every
-slot. Among prompts being prefilled, the highest priority goes first, and while one is,
-running sequences of a lower priority make no decode steps: its first token is not held up
-by theirs. A request still
-prefilling a prompt it scores (``prompt_logprobs``) is not preempted. What admission costs
-is per request; a decode step is unchanged. The resumed request's prompt is prefilled in the
-same chunks as before, and its generated tokens a decode group's rows (7) at a time, so with
-``--deterministic`` each holds the numbers it had when it was decoded: the request answers
-as it would have uninterrupted.
+from the token it had reached, so its stream continues without a gap or a repeat. A
+request that arrives while a decode of only lower-priority rows runs (a batch prompt's
+chunk takes about a second on 2 cores) interrupts it (``Interrupt``: llama.cpp stops at its
+next graph node and takes that decode's tokens out of the KV cache) and is admitted at once;
+the interrupted work is done again later, to the same numbers. So an interactive request
+never waits behind batch work, whether batch work fills the slots or the queue, while batch
+work alone still uses every slot. Among prompts being prefilled, the highest priority goes
+first, and while one is, running sequences of a lower priority make no decode steps: its
+first token is not held up by theirs; nor by a lower prompt's chunk once its own prompt is
+in (its first decode comes before the next chunk). A request still prefilling a prompt it scores
+(``prompt_logprobs``) is not preempted. What admission costs is per request; a decode step
+is unchanged. The resumed request's prompt is prefilled in the same chunks as before, and
+its generated tokens are decoded again one a step, as rows of the decode steps (several
+tokens of one sequence in a decode give other numbers than one at a time on an AVX2 CPU: a
+logit moved by 0.27), so with ``--deterministic`` each holds the numbers it had when it was
+decoded: the request answers as it would have uninterrupted.
 
 Numbers and batching: llama.cpp's CPU kernels give slightly different logits for a row
 depending on how many rows share its matrix product (repacked weights switch from a
@@ -63,7 +68,7 @@ import llama_cpp
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
 from podium.engine.jobs import Job, JobOutputs
-from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer, shut_down
+from podium.engine.llamacpp.model import Interrupt, LlamaModel, LlamaTokenizer, shut_down
 from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
 from podium.errors import InvalidRequestError, Overloaded
 
@@ -122,7 +127,7 @@ class _Slot:
     last_used: int = 0
     chunk: int = 0                  # prefill chunk size for the job (smaller when scoring)
     split: int = 0                  # where the prompt's prefill ends; after it, a resumed
-    #                                 job's generated tokens, prefilled as decode rows
+    #                                 job's generated tokens, decoded again as decode rows
 
 
 class LlamaCppEngine:
@@ -148,13 +153,16 @@ class LlamaCppEngine:
         self._grammar_ms = grammar_ms_per_token
         self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
         self._mem = llama_cpp.llama_get_memory(self._model.ctx)
+        self._interrupt = Interrupt(self._model.ctx)
+        self._decoding: int | None = None   # the top priority of the decode in progress
+        self._arrived: int | None = None    # the top priority queued since the worker looked
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._waiting: list[_Job] = []      # taken from the queue, no slot free yet: by rank
         self._arrivals = 0
         self._active: dict[str, Job] = {}
         self._clock = 0
         self._closing = False
-        self.stats = EngineStats(*ENGINE_STATS)
+        self.stats = EngineStats(*ENGINE_STATS, "interrupted")     # decodes undone
         self.stats["kv_capacity"] = self._n_ctx * len(self._slots)
         self._stats_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
@@ -190,6 +198,11 @@ class LlamaCppEngine:
         self._active[request.request_id] = job
         self._count_waiting(+1)
         self._jobs.put(job)
+        arrived = self._arrived
+        self._arrived = request.priority if arrived is None else max(arrived, request.priority)
+        decoding = self._decoding
+        if decoding is not None and request.priority > decoding:
+            self._interrupt.set()       # that decode is undone; the worker admits this next
         return _Generation(job, self._active)
 
     async def abort(self, request_id: str) -> None:
@@ -242,6 +255,7 @@ class LlamaCppEngine:
         """Move queued jobs to the waiting list, in rank order; False when the engine is
         closing."""
         count = len(self._waiting)
+        self._arrived = None            # before the queue is read: a later arrival sets it
         try:
             item = self._jobs.get() if block else self._jobs.get_nowait()
             while True:
@@ -352,44 +366,55 @@ class LlamaCppEngine:
                 job.emit(EngineOutput([], finish_reason="abort"))
 
     def _step(self) -> None:
-        prefilling = [s for s in self._slots if s.job is not None and s.pending]
-        ready = [s for s in self._slots if s.job is not None and not s.pending]
-        if prefilling:
-            first = min(prefilling, key=_prefill_rank)
-            self._prefill_chunk(first)
+        """A chunk of the first prompt, then a token for each running sequence; cut short by
+        an interrupted decode (the loop admits the request that interrupted it first)."""
+        busy = [s for s in self._slots if s.job is not None]
+        prefilling = [s for s in busy if s.pending and len(s.cached) < s.split]
+        ready = [s for s in busy if not (s.pending and len(s.cached) < s.split)]
+        first = min(prefilling, key=_prefill_rank, default=None)
+        if first is not None and any(s.generated == 0 and _priority(s) > _priority(first)
+                                     for s in ready):
+            first = None        # a higher sequence's first token comes before another chunk
+        if first is not None:
             # sequences of a lower priority than the prompt being prefilled wait: its first
             # token comes a decode of theirs sooner per chunk (batch work holds back)
-            assert first.job is not None
-            ready = [s for s in ready if s.job is not None
-                     and s.job.request.priority >= first.job.request.priority]
+            ready = [s for s in ready if _priority(s) >= _priority(first)
+                     ] if self._prefill_chunk(first) else []
         for start in range(0, len(ready), self._rows):
-            self._decode_step(ready[start:start + self._rows])
+            if not self._decode_step(ready[start:start + self._rows]):
+                break
         self.stats["kv_tokens"] = sum(len(s.cached) for s in self._slots)
 
-    def _prefill_chunk(self, slot: _Slot) -> None:
+    def _prefill_chunk(self, slot: _Slot) -> bool:
         """One chunk of ``slot``'s prompt, ending at the next multiple of the chunk size or at
-        the prompt's end; past it (a resumed job's generated tokens), as many as a decode
-        group's rows."""
+        the prompt's end. False when interrupted (the chunk stays to do)."""
         scores, job = slot.prompt_logprobs, slot.job
         assert job is not None                  # the worker prefills busy slots only
         start = len(slot.cached)
-        if start < slot.split:
-            n = min(slot.split - start, slot.chunk - start % slot.chunk)
-        else:
-            n = min(len(slot.pending), self._rows)
+        n = min(slot.split - start, slot.chunk - start % slot.chunk)
         chunk = slot.pending[:n]
-        self._decode([(slot, tok, scores is not None) for tok in chunk])
+        if not self._decode([(slot, tok, scores is not None) for tok in chunk]):
+            return False
         if scores is not None:
             prompt, top = job.request.prompt_token_ids, job.request.prompt_logprobs or 0
             scores += [token_logprob(logits_row(self._model.ctx, i, self._n_vocab),
                                      prompt[start + i + 1], top) for i in range(n)]
         del slot.pending[:n]
+        return True
 
-    def _decode_step(self, slots: list[_Slot]) -> None:
-        """One new token for each of ``slots``: one decode, then each one's own sampler."""
-        self._decode([(s, s.next_token, True) for s in slots])
+    def _decode_step(self, slots: list[_Slot]) -> bool:
+        """One new token for each of ``slots``: one decode, then each one's own sampler; a
+        resumed job's slot decodes the next of the tokens it had generated instead (one a
+        step, as they were first decoded: several of one sequence in a decode give other
+        numbers on some CPUs). False when interrupted (nothing sampled)."""
+        if not self._decode([(s, s.pending[0], False) if s.pending else (s, s.next_token, True)
+                             for s in slots]):
+            return False
         ctx, eog = self._model.ctx, self.tokenizer.eos_token_ids
         for i, slot in enumerate(slots):
+            if slot.pending:            # replayed: nothing to sample
+                del slot.pending[0]
+                continue
             job, sampler = slot.job, slot.sampler
             assert job is not None and sampler is not None     # busy slots only
             req, params = job.request, job.request.sampling
@@ -439,24 +464,42 @@ class LlamaCppEngine:
             f"characters)", param=getattr(params.grammar, "param", None),
             code="grammar_too_costly")
 
-    def _decode(self, rows: list[tuple[_Slot, int, bool]]) -> None:
+    def _decode(self, rows: list[tuple[_Slot, int, bool]]) -> bool:
         """One ``llama_decode`` of (slot, token, wants logits) rows at each slot's next
-        position."""
+        position. False when a request of a higher priority than every row's arrived during
+        it (``generate``): then nothing of it stays, in the KV cache or in ``cached``, and
+        done again it gives the same numbers (the same tokens at the same positions)."""
         b = self._batch
         b.n_tokens = len(rows)
+        starts: dict[int, tuple[_Slot, int]] = {}
         for i, (slot, tok, want) in enumerate(rows):
+            starts.setdefault(slot.seq, (slot, len(slot.cached)))
             b.token[i] = tok
             b.pos[i] = len(slot.cached)
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = slot.seq
             b.logits[i] = want
             slot.cached.append(tok)
-        rc = llama_cpp.llama_decode(self._model.ctx, b)
+        # first the priority, then the flag, then what arrived: a request queued before
+        # this decode is seen here (``_arrived``), one queued during it sets the flag
+        top = self._decoding = max(s.job.request.priority if s.job else 0 for s, _, _ in rows)
+        self._interrupt.clear()
+        arrived = self._arrived
+        rc = 2 if arrived is not None and arrived > top else llama_cpp.llama_decode(
+            self._model.ctx, b)
+        self._decoding = None
+        if rc == 2:                         # interrupted
+            for slot, start in starts.values():
+                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, start, -1)
+                del slot.cached[start:]
+            self.stats["interrupted"] += 1
+            return False
         if rc != 0:
             for slot, _, _ in rows:       # their caches no longer match what we recorded
                 llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
                 slot.cached = []
             raise RuntimeError(f"llama_decode returned {rc}")
+        return True
 
     def _release(self, slot: _Slot, keep: bool = True) -> None:
         """The slot's job is over; its cached tokens stay for the next prompt that shares
@@ -470,9 +513,13 @@ class LlamaCppEngine:
         self.stats["running"] -= 1
 
 
+def _priority(slot: _Slot) -> int:
+    return slot.job.request.priority if slot.job else 0
+
+
 def _prefill_rank(slot: _Slot) -> tuple[int, int]:
     """Which prompt prefills first: the highest priority, then the first started."""
-    return -slot.job.request.priority if slot.job else 0, slot.last_used
+    return -_priority(slot), slot.last_used
 
 
 def _aligned_prefix(cached: list[int], prompt: list[int], step: int) -> int:

@@ -21,8 +21,31 @@ import llama_cpp
 
 from podium.errors import ModelFilesError
 
-# llama-cpp-python echoes every llama.cpp log line unless its logger is quieter than that.
-logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+log = logging.getLogger("podium.llamacpp")
+
+# ggml's log levels (ggml.h: none, debug, info, warn, error, cont) as logging's: llama.cpp's
+# information (hundreds of lines a model load) is debug here, its warnings and errors stay
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING,
+           4: logging.ERROR}
+# what llama.cpp says when Podium interrupts a decode on purpose (``Interrupt``): status 1
+# is GGML_STATUS_ABORTED, and llama_decode's 2 "aborted"
+_EXPECTED = (b"failed with error 1\n", b"compute status: 1\n", b"removing memory module entries",
+             b"failed to decode, ret = 2\n")
+_last_level = logging.DEBUG
+
+
+@llama_cpp.llama_log_callback
+def _llama_log(level: int, text: bytes, _data) -> None:
+    """llama.cpp's log lines into ``podium.llamacpp`` (llama-cpp-python's own callback prints
+    warnings to stderr as they come, and reads the level numbers of an older ggml)."""
+    global _last_level
+    level = _last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
+    _last_level = level
+    if any(part in text for part in _EXPECTED):
+        level = logging.DEBUG
+    if log.isEnabledFor(level) and text.strip():
+        log.log(level, "%s", text.decode("utf-8", "replace").rstrip())
+
 
 _backend_ready = False
 
@@ -30,6 +53,7 @@ _backend_ready = False
 def _init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
+        llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
 
@@ -96,6 +120,37 @@ class LlamaModel:
             llama_cpp.llama_model_free(self.model)
             self.model = None
             release_heap()
+
+
+class Interrupt:
+    """Stops a ``llama_decode`` in progress, from any thread: once ``set``, the decode returns
+    2 at its next graph node (within milliseconds) and llama.cpp takes out of the KV cache
+    what that decode had put in; ``clear`` before the next one.
+
+    llama.cpp asks its abort callback between graph nodes, on a compute thread, hundreds of
+    times a decode. A Python callback would take the GIL each time (and wait behind the event
+    loop for it); this one is the C library's ``strlen`` on a two-byte buffer: 0 (go on)
+    until the first byte is set. Measured: a one-token decode 43.1 ms with it, 43.0 without.
+    """
+
+    def __init__(self, ctx) -> None:
+        self._flag = ctypes.create_string_buffer(2)
+        self._callback = ctypes.cast(_libc().strlen, llama_cpp.ggml_abort_callback)
+        llama_cpp.llama_set_abort_callback(ctx, self._callback,
+                                           ctypes.cast(self._flag, ctypes.c_void_p))
+
+    def set(self) -> None:
+        self._flag[0] = 1
+
+    def clear(self) -> None:
+        self._flag[0] = 0
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library this process runs on (its ``strlen``)."""
+    if os.name == "nt":
+        return ctypes.cdll.msvcrt
+    return ctypes.CDLL(None)
 
 
 async def shut_down(worker: threading.Thread, batch, model: LlamaModel) -> None:
