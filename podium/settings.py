@@ -193,7 +193,7 @@ class Settings:
         "both on, but a request crowded by others may differ from its lone answer).")
     grammar_ms_per_token: float = _opt(
         10.0, "llama.cpp engine: CPU milliseconds a constrained request's grammar may spend "
-        "per token, on average (a burst of 8 tokens' worth at once); past it the request ends "
+        "per token, on average (a burst of 16 tokens' worth at once); past it the request ends "
         "with a 400 grammar_too_costly error instead of slowing every other stream (0: no "
         "limit).")
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")
