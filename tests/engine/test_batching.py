@@ -170,3 +170,32 @@ def test_a_request_that_fails_to_sample_fails_alone(engine, monkeypatch):
     assert isinstance(failed, EngineError)
     assert good == expected
     assert engine.stats["running"] == 0
+
+
+def test_more_streams_than_a_decode_group_all_advance(model_path):
+    """Nine streams under ``--deterministic``: each step decodes them in two groups (at most
+    7 rows a decode), and both groups advance every step: when the first stream ends, every
+    other has made tokens (a group that returned nothing once ended the step after the first,
+    and the last two streams waited for the first seven to finish)."""
+    eng = LlamaCppEngine(model_path, served_name="m", n_ctx=256, n_batch=64, max_num_seqs=9,
+                         deterministic=True)
+    try:
+        reqs = [request(eng, f"Count from {i} upward.", max_tokens=16, ignore_eos=True)
+                for i in range(9)]
+        made = {r.request_id: 0 for r in reqs}
+        at_first_end: list[dict[str, int]] = []
+
+        async def one(req):
+            async for out in eng.generate(req):
+                made[req.request_id] += len(out.token_ids)
+                if out.finish_reason and not at_first_end:
+                    at_first_end.append(dict(made))
+
+        async def crowd():
+            await asyncio.wait_for(asyncio.gather(*(one(r) for r in reqs)), 300)
+
+        asyncio.run(crowd())
+        assert all(n == 16 for n in made.values())
+        assert min(at_first_end[0].values()) >= 3, at_first_end     # (prompts: one a step)
+    finally:
+        asyncio.run(eng.aclose())

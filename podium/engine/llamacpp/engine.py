@@ -453,6 +453,7 @@ class LlamaCppEngine:
             else:
                 slot.next_token = token
             job.emit(out)
+        return True
 
     def _grammar_refusal(self, sampler: Sampler, params) -> InvalidRequestError:
         return InvalidRequestError(

@@ -140,10 +140,10 @@ class Interrupt:
                                            ctypes.cast(self._flag, ctypes.c_void_p))
 
     def set(self) -> None:
-        self._flag[0] = 1
+        self._flag[0] = b"\x01"
 
     def clear(self) -> None:
-        self._flag[0] = 0
+        self._flag[0] = b"\x00"
 
 
 def _libc() -> ctypes.CDLL:
