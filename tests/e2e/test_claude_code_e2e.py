@@ -27,6 +27,15 @@ from tests.e2e.conftest import MODEL, _free_port, npm_package
 CLAUDE_CODE_VERSION = "2.1.330"
 TURN_SECONDS = 900
 
+# Both runs: temperature 0 (through CLAUDE_CODE_EXTRA_BODY; Claude Code sends none, so 1
+# applied, and the first run's "hello" once rambled for 2,123 tokens: 375 s at 11.7k tokens of
+# context), and the event-level idle watchdog at its longest, 30 min: on a CPU where the first
+# prefill passes 150 s (531 s on this project's 2-core AVX2 machine) Claude Code warns that
+# no chunk came (pings are bytes, not events, to that watchdog). Its byte watchdog (300 s),
+# which Podium's pings feed, keeps its default.
+PATIENT = {"CLAUDE_CODE_EXTRA_BODY": '{"temperature": 0}',
+           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000"}
+
 # Debug-file lines that mean a request was retried, fell back to a non-streamed request, or a
 # stream was abandoned (tests/data/claude_code/requests.md has their full wording).
 TROUBLE = ("API error (attempt", "falling back to non-streaming", "non-streaming fallback",
@@ -127,7 +136,7 @@ def test_claude_print_completes_a_turn(claude_server, claude_dirs, tmp_path):
     before = len(messages_requests(log_path))
     result, messages, debug = run_claude(url, claude_dirs, tmp_path / "debug.log",
                                          "Say hello in one short sentence.", "--max-turns", "2",
-                                         timeout=2 * TURN_SECONDS)
+                                         timeout=2 * TURN_SECONDS, env=PATIENT)
     why = explain(result, debug, log_path)
     outcome = messages[-1] if messages else {}
     assert result.returncode == 0, why
@@ -155,8 +164,7 @@ def test_claude_reads_a_file_with_a_tool(claude_server, claude_dirs, tmp_path):
         url, claude_dirs, tmp_path / "debug.log",
         'Read the file hello.txt. Reply with exactly this and nothing else: <tool_call>'
         '{"name": "Read", "arguments": {"file_path": "hello.txt"}}</tool_call>',
-        "--max-turns", "2", timeout=2 * TURN_SECONDS,
-        env={"CLAUDE_CODE_EXTRA_BODY": '{"temperature": 0}'})
+        "--max-turns", "2", timeout=2 * TURN_SECONDS, env=PATIENT)
     why = explain(result, debug, log_path)
     outcome = messages[-1] if messages else {}
     uses = blocks(messages, "assistant", "tool_use")
