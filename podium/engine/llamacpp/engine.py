@@ -129,6 +129,11 @@ class _Slot:
     split: int = 0                  # where the prompt's prefill ends; after it, a resumed
     #                                 job's generated tokens, decoded again as decode rows
 
+    @property
+    def prefilling(self) -> bool:
+        """Still in its prompt (a resumed job past ``split`` decodes with the others)."""
+        return bool(self.pending) and len(self.cached) < self.split
+
 
 class LlamaCppEngine:
     capabilities = Capabilities()       # sampling, grammars, logprobs, prefix caching: all
@@ -304,7 +309,7 @@ class LlamaCppEngine:
                  and s.job.request.priority < job.request.priority]
         if not below:
             return []
-        slot = min(below, key=lambda s: (s.job.request.priority if s.job else 0, len(s.cached)))
+        slot = min(below, key=lambda s: (_priority(s), len(s.cached)))
         victim = slot.job
         assert isinstance(victim, _Job) and slot.sampler is not None
         victim.parked = _Parked(slot.sampler, slot.cached + slot.pending + [slot.next_token],
@@ -369,8 +374,8 @@ class LlamaCppEngine:
         """A chunk of the first prompt, then a token for each running sequence; cut short by
         an interrupted decode (the loop admits the request that interrupted it first)."""
         busy = [s for s in self._slots if s.job is not None]
-        prefilling = [s for s in busy if s.pending and len(s.cached) < s.split]
-        ready = [s for s in busy if not (s.pending and len(s.cached) < s.split)]
+        prefilling = [s for s in busy if s.prefilling]
+        ready = [s for s in busy if not s.prefilling]
         first = min(prefilling, key=_prefill_rank, default=None)
         if first is not None and any(s.generated == 0 and _priority(s) > _priority(first)
                                      for s in ready):
@@ -483,7 +488,7 @@ class LlamaCppEngine:
             slot.cached.append(tok)
         # first the priority, then the flag, then what arrived: a request queued before
         # this decode is seen here (``_arrived``), one queued during it sets the flag
-        top = self._decoding = max(s.job.request.priority if s.job else 0 for s, _, _ in rows)
+        top = self._decoding = max(_priority(s) for s, _, _ in rows)
         self._interrupt.clear()
         arrived = self._arrived
         rc = 2 if arrived is not None and arrived > top else llama_cpp.llama_decode(
