@@ -6,6 +6,8 @@ import itertools
 import json
 
 import jsonschema
+import llama_cpp
+import numpy as np
 import pytest
 
 from podium.engine.base import EngineRequest, SamplingParams
@@ -92,3 +94,46 @@ def test_a_refused_draw_masks_the_likeliest_tokens_first(default, monkeypatch):
                                                             max_tokens=30))))
     assert outputs[0] == outputs[1]
     json.loads(default.tokenizer.decode(outputs[0]))
+
+
+def _states(sampler, pieces):
+    """Walk ``sampler``'s grammar through ``pieces`` (token ids it allows), yielding before
+    each."""
+    for token in pieces:
+        yield
+        llama_cpp.llama_sampler_accept(sampler._grammar, token)
+    yield
+
+
+@pytest.mark.parametrize("schema, output, structured", [
+    (TOOL, '{"unit": "unit_12", "days": 7}', True),
+    ({"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
+     '{"note": "Café au lait, 日本語 ✓ \\"q\\""}', False),
+    (WIDE, '"customer_account_reference_identifier_0042"', True),
+], ids=["enum-and-integer", "free-text", "wide-enum"])
+@pytest.mark.parametrize("by", ["bytes", "tokens"])
+def test_a_mask_asks_only_about_tokens_the_grammar_could_allow(tokenizer, schema, output,
+                                                               structured, by):
+    """Every token the grammar allows, in every state along an output (read a byte a token,
+    so mid-character states too, or as the tokenizer splits it), is among those a mask
+    asks about; and at the JSON's structure far fewer than the vocabulary are asked."""
+    vocab, n_vocab = tokenizer._vocab, tokenizer.vocab_size
+    prefixes = sampling.Prefixes(vocab, n_vocab)
+    byte_token = dict(zip(prefixes._one_bytes.tolist(), prefixes._ones.tolist()))
+    pieces = ([byte_token[b] for b in output.encode()] if by == "bytes"
+              else tokenizer.encode(output, add_special=False))
+    sampler = sampling.Sampler(SamplingParams(grammar=schema_grammar(schema, PARAM)),
+                               n_vocab, vocab, prefixes=prefixes)
+    every = np.arange(n_vocab, dtype=np.int32)
+    sizes = []
+    try:
+        for _ in _states(sampler, pieces):
+            allowed = set(every[sampler._asks(every)].tolist())
+            asked = prefixes.open(sampler._asks)
+            assert allowed and allowed <= set(asked.tolist())
+            sizes.append(len(asked))
+    finally:
+        sampler.close()
+    assert sizes[-1] < 1000        # the end: the tokens that end generation, and " " ones
+    if structured:              # (inside a free string nearly every token is allowed)
+        assert sorted(sizes)[len(sizes) // 2] < n_vocab // 10, sizes

@@ -69,7 +69,7 @@ from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
 from podium.engine.jobs import Job, JobOutputs
 from podium.engine.llamacpp.model import Interrupt, LlamaModel, LlamaTokenizer, shut_down
-from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
+from podium.engine.llamacpp.sampling import Prefixes, Sampler, logits_row, token_logprob
 from podium.errors import InvalidRequestError, Overloaded
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,7 @@ class LlamaCppEngine:
         self._rows = INVARIANT_ROWS if deterministic else n_batch
         self._max_queued = max_queued
         self._grammar_ms = grammar_ms_per_token
+        self._prefixes: Prefixes | None = None      # made at the first grammar
         self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
         self._mem = llama_cpp.llama_get_memory(self._model.ctx)
         self._interrupt = Interrupt(self._model.ctx)
@@ -342,8 +343,11 @@ class LlamaCppEngine:
         slot.cached = slot.cached[:keep]
         slot.chunk = step
         if parked is None:
+            if req.sampling.grammar is not None and self._prefixes is None:
+                self._prefixes = Prefixes(self._model.vocab, self._n_vocab)
             slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab,
-                                   grammar_budget=self._grammar_ms / 1000)
+                                   grammar_budget=self._grammar_ms / 1000,
+                                   prefixes=self._prefixes)
             slot.generated, slot.cached_tokens = 0, keep
             self.stats["requests"] += 1
         else:
