@@ -13,6 +13,8 @@ import pytest
 from podium.engine.base import EngineRequest, SamplingParams
 from podium.engine.llamacpp import sampling
 from podium.engine.llamacpp.engine import LlamaCppEngine
+from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
+from podium.engine.llamacpp.model_files import GEMMA_MODEL, default_model_path
 from podium.errors import InvalidRequestError
 from podium.grammar import schema_grammar
 
@@ -105,6 +107,15 @@ def _states(sampler, pieces):
     yield
 
 
+@pytest.fixture(scope="module", params=["default", "gemma3"])
+def vocabulary(request, tokenizer):
+    """A byte-level BPE vocabulary (the default model's) and a SentencePiece one with byte
+    tokens (Gemma 3's)."""
+    if request.param == "default":
+        return tokenizer
+    return LlamaTokenizer(LlamaModel(default_model_path(GEMMA_MODEL), vocab_only=True))
+
+
 @pytest.mark.parametrize("schema, output, structured", [
     (TOOL, '{"unit": "unit_12", "days": 7}', True),
     ({"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
@@ -112,11 +123,12 @@ def _states(sampler, pieces):
     (WIDE, '"customer_account_reference_identifier_0042"', True),
 ], ids=["enum-and-integer", "free-text", "wide-enum"])
 @pytest.mark.parametrize("by", ["bytes", "tokens"])
-def test_a_mask_asks_only_about_tokens_the_grammar_could_allow(tokenizer, schema, output,
+def test_a_mask_asks_only_about_tokens_the_grammar_could_allow(vocabulary, schema, output,
                                                                structured, by):
     """Every token the grammar allows, in every state along an output (read a byte a token,
     so mid-character states too, or as the tokenizer splits it), is among those a mask
     asks about; and at the JSON's structure far fewer than the vocabulary are asked."""
+    tokenizer = vocabulary
     vocab, n_vocab = tokenizer._vocab, tokenizer.vocab_size
     prefixes = sampling.Prefixes(vocab, n_vocab)
     byte_token = dict(zip(prefixes._one_bytes.tolist(), prefixes._ones.tolist()))

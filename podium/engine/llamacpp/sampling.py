@@ -43,6 +43,9 @@ MASK_FIRST = 1024           # of the tokens a grammar could allow, a refused dra
 #                             the likeliest this many first (inside a free string that can
 #                             be most of the vocabulary)
 MASK_GROWTH = 16            # then the next 16 times as many, and so on, likeliest first
+ASK_SECOND_UNDER = 128      # a mask asks about two-character tokens when at most this
+#                             many first bytes are allowed (inside a free string nearly all
+#                             are, and the answers would narrow nothing)
 GRAMMAR_BURST_TOKENS = 16   # a budget of this many tokens may be spent in one step (a
 #                             mask inside a free string can still ask about most tokens)
 
@@ -175,18 +178,19 @@ class Sampler:
 
 
 class Prefixes:
-    """The tokens of a vocabulary by their first one and two bytes, so a mask asks the
-    grammar about the tokens it could allow and not the whole vocabulary.
+    """The tokens of a vocabulary by their first byte and their first two characters, so a
+    mask asks the grammar about the tokens it could allow and not the whole vocabulary.
 
     The grammar reads a token's bytes in order and refuses it as soon as no rule can go on,
     so when it refuses the token that is exactly the bytes ``p``, it refuses every token
-    that begins with ``p``. A mask first asks about the tokens of one byte (256 in a
-    byte-level vocabulary), then about the tokens of two bytes that begin with an allowed
-    one, and then only about the tokens whose first one (and, where a token of those two
-    bytes exists, two) bytes were allowed: for a JSON value that is a few thousand of the
-    default model's 151,936 tokens. Tokens that end generation are always asked (the
-    grammar judges them by its state, not their text), and so are tokens whose first byte
-    has no token of its own. One index serves every request on a model (0.2-0.3 s to make).
+    that begins with ``p``. A mask first asks about the one-byte tokens (256 in a byte-level
+    vocabulary, and in one with byte tokens), then about the tokens of at most two
+    characters that begin with an allowed byte, and then only about the tokens under an
+    allowed first byte and, where a token of their first two characters exists, an allowed
+    one: at a JSON object's structure a few hundred of the default model's 151,936 tokens.
+    Tokens that end generation are always asked (the grammar judges them by its state, not
+    their text), and so are tokens whose first byte has no token of its own. One index
+    serves every request on a model (0.2-0.5 s to make).
     """
 
     def __init__(self, vocab, n_vocab: int):
@@ -196,40 +200,56 @@ class Prefixes:
             n = llama_cpp.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)
             pieces.append(buf.raw[:n] if n > 0 else b"")
         eog = [bool(llama_cpp.llama_vocab_is_eog(vocab, t)) for t in range(n_vocab)]
-        short: dict[bytes, int] = {}
+        short: dict[bytes, int] = {}        # pieces of at most two characters: a token each
         for t, piece in enumerate(pieces):
-            if len(piece) <= 2 and piece and not eog[t]:
+            if piece and not eog[t] and _two_characters(piece) == piece:
                 short.setdefault(piece, t)
-        # a token's class: 0 always asked, else 1 + 257 * first byte + (0, or 1 + the
-        # second byte when the token of the first two bytes exists)
+        # a token's class: 0 always asked, 1 + b its first byte b only, and past 256 the
+        # first two characters it begins with (a token of those exists)
+        keys: dict[bytes, int] = {}
         classes = np.zeros(n_vocab, np.int32)
         for t, piece in enumerate(pieces):
             if eog[t] or piece[:1] not in short:
                 continue
-            second = 1 + piece[1] if piece[:2] in short and len(piece) >= 2 else 0
-            classes[t] = 1 + 257 * piece[0] + second
-        self._classes = classes
+            two = _two_characters(piece)
+            if len(two) > 1 and two in short:
+                classes[t] = keys.setdefault(two, 257 + len(keys))
+            else:
+                classes[t] = 1 + piece[0]
+        self._classes, self._n_classes = classes, 257 + len(keys)
         ones = sorted((p[0], t) for p, t in short.items() if len(p) == 1)
         self._ones = np.array([t for _, t in ones], np.int32)
         self._one_bytes = np.array([b for b, _ in ones], np.int32)
-        twos: dict[int, list[tuple[int, int]]] = {}
-        for p, t in short.items():
-            if len(p) == 2 and p[:1] in short:
-                twos.setdefault(p[0], []).append((t, 1 + 257 * p[0] + 1 + p[1]))
-        self._twos = {b: np.array(pairs, np.int32) for b, pairs in twos.items()}
+        under: dict[int, list[tuple[int, int]]] = {}
+        for two, key in keys.items():
+            under.setdefault(two[0], []).append((short[two], key))
+        self._under = {b: np.array(pairs, np.int32) for b, pairs in under.items()}
+        self._key_bytes = np.array([1 + two[0] for two in keys], np.int32)
 
     def open(self, asks) -> np.ndarray:
         """The ids (ascending) of the tokens the grammar could allow next; ``asks(ids)``
         says which of ``ids`` it does."""
-        allowed = np.zeros(1 + 257 * 256, dtype=bool)
+        allowed = np.zeros(self._n_classes, dtype=bool)
         allowed[0] = True
         first = self._one_bytes[asks(self._ones)]
-        allowed[1 + 257 * first] = True
-        pairs = [self._twos[b] for b in first.tolist() if b in self._twos]
-        if pairs:
+        allowed[1 + first] = True
+        allowed[257:] = allowed[self._key_bytes]    # as their first byte, unless asked
+        pairs = [self._under[b] for b in first.tolist() if b in self._under]
+        if pairs and len(first) <= ASK_SECOND_UNDER:
             both = np.concatenate(pairs)
-            allowed[both[asks(both[:, 0]), 1]] = True
+            allowed[both[:, 1]] = asks(both[:, 0])
         return np.flatnonzero(allowed[self._classes]).astype(np.int32)
+
+
+def _two_characters(piece: bytes) -> bytes:
+    """The bytes of ``piece``'s first two UTF-8 characters (a stray byte counts as one)."""
+    end = 0
+    for _ in range(2):
+        if end >= len(piece):
+            break
+        lead = piece[end]
+        end += 4 if lead >= 0xF0 else 3 if lead >= 0xE0 else 2 if lead >= 0xC0 else 1
+    return piece[:end]
 
 
 def _token_array(cells: np.ndarray) -> llama_cpp.llama_token_data_array:
