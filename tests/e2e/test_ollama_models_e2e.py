@@ -64,7 +64,8 @@ def test_embed_gives_normalized_vectors_of_the_models_size(served):
         assert abs(math.sqrt(sum(x * x for x in vector)) - 1) < 1e-3
     assert answer.prompt_eval_count > 4 and answer.total_duration > 0
     old = client.embeddings(model=EMBED, prompt="A lighthouse on a cliff.")
-    assert old.embedding == pytest.approx(answer.embeddings[0], abs=1e-5)
+    # alone, an input is decoded without flash attention: the same up to float rounding
+    assert old.embedding == pytest.approx(answer.embeddings[0], abs=5e-4)
     assert EMBED in loaded(client)
     with pytest.raises(ollama.ResponseError) as refused:
         client.embed(model=EMBED, input="word " * 400, truncate=False)

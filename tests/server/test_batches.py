@@ -389,11 +389,13 @@ def test_embeddings_lines_answer_as_the_route_does(tmp_path):
         for i in (0, 1):            # the same body sent to the route answers the same vectors
             direct = http.post("/v1/embeddings", json=bodies[i]).json()
             # up to float rounding: the worker runs lines side by side, and an embedding
-            # computed in another batch of sequences differs in its last bits
+            # computed in another batch of sequences (or alone, without flash attention)
+            # differs in its last bits
             got, want = ([vector(d["embedding"]) for d in body["data"]]
                          for body in (out[f"e{i}"], direct))
             assert len(got) == len(want) and all(
-                g == pytest.approx(w, abs=1e-6) for g, w in zip(got, want))
+                g == pytest.approx(w, abs=1e-3) and sum(a * b for a, b in zip(g, w)) > 0.99999
+                for g, w in zip(got, want))
         assert isinstance(out["e1"]["data"][0]["embedding"], str)    # base64 kept as asked
         assert done.usage.input_tokens == sum(out[k]["usage"]["prompt_tokens"] for k in out)
         (error,) = lines_of(sdk, done.error_file_id)

@@ -333,11 +333,12 @@ def test_embed_strings_with_ollamas_counters(app_of):
     assert body["load_duration"] > 0 and body["total_duration"] > body["load_duration"]
     assert body["prompt_eval_count"] == 2 * 2 + 3 + 2   # [CLS] .. [SEP] each
     one = c.post("/api/embed", json={"model": "minilm", "input": "A lighthouse."}).json()
-    assert one["embeddings"][0] == pytest.approx(body["embeddings"][0], abs=1e-6)
+    # alone, an input is decoded without flash attention: the same up to float rounding
+    assert one["embeddings"][0] == pytest.approx(body["embeddings"][0], abs=5e-4)
     old = c.post("/api/embeddings", json={"model": "minilm", "prompt": "A lighthouse."})
-    assert old.json()["embedding"] == pytest.approx(body["embeddings"][0], abs=1e-6)
+    assert old.json()["embedding"] == pytest.approx(one["embeddings"][0], abs=1e-6)
     openai = c.post("/v1/embeddings", json={"model": "minilm", "input": "A lighthouse."})
-    assert openai.json()["data"][0]["embedding"] == pytest.approx(body["embeddings"][0],
+    assert openai.json()["data"][0]["embedding"] == pytest.approx(one["embeddings"][0],
                                                                   abs=1e-6)
 
 

@@ -76,6 +76,7 @@ class LlamaModel:
         self.metadata = self._read_metadata()
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
         self.ctx = None
+        self._more: list = []               # contexts of add_context, freed with the model
         if not vocab_only:
             # n_ctx is per sequence: each gets its own KV region (llama.cpp splits the total)
             self.ctx = self._new_context((n_ctx or self.n_ctx_train) * n_seq_max, n_batch,
@@ -100,6 +101,13 @@ class LlamaModel:
             raise ModelFilesError(f"llama.cpp could not create a context of {n_ctx} tokens")
         return ctx
 
+    def add_context(self, n_ctx: int, n_batch: int, n_threads: int, *,
+                    embeddings: bool = False, flash_attention: bool = True):
+        """Another context on the same weights (one sequence), freed by ``close``."""
+        ctx = self._new_context(n_ctx, n_batch, n_threads, 1, embeddings, flash_attention)
+        self._more.append(ctx)
+        return ctx
+
     def _read_metadata(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for i in range(llama_cpp.llama_model_meta_count(self.model)):
@@ -113,9 +121,10 @@ class LlamaModel:
         """Free the context and the model (the weights are unmapped), then give the heap
         they used back to the system (glibc keeps freed heap otherwise: +53 MB resident
         after the default model at the server's settings, see tests/engine/test_unload.py)."""
-        if self.ctx:
-            llama_cpp.llama_free(self.ctx)
-            self.ctx = None
+        for ctx in [self.ctx, *self._more]:
+            if ctx:
+                llama_cpp.llama_free(ctx)
+        self.ctx, self._more = None, []
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None
