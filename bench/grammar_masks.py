@@ -76,7 +76,8 @@ def main() -> None:
     args = ap.parse_args()
     tokenizer = LlamaTokenizer(LlamaModel(default_model_path(), vocab_only=True))
     start = time.perf_counter()
-    prefixes = sampling.Prefixes(tokenizer._vocab, tokenizer.vocab_size)
+    prefixes = sampling.Prefixes(tokenizer._vocab, tokenizer.vocab_size,
+                                tokenizer.eos_token_ids)
     print(f"index made in {time.perf_counter() - start:.2f} s")
     ways = {"every token": Everything(tokenizer.vocab_size), "by first bytes": prefixes}
     for name, (schema, output) in CASES.items():

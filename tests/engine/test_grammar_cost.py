@@ -130,7 +130,7 @@ def test_a_mask_asks_only_about_tokens_the_grammar_could_allow(vocabulary, schem
     asks about; and at the JSON's structure far fewer than the vocabulary are asked."""
     tokenizer = vocabulary
     vocab, n_vocab = tokenizer._vocab, tokenizer.vocab_size
-    prefixes = sampling.Prefixes(vocab, n_vocab)
+    prefixes = sampling.Prefixes(vocab, n_vocab, tokenizer.eos_token_ids)
     byte_token = dict(zip(prefixes._one_bytes.tolist(), prefixes._ones.tolist()))
     pieces = ([byte_token[b] for b in output.encode()] if by == "bytes"
               else tokenizer.encode(output, add_special=False))

@@ -344,7 +344,8 @@ class LlamaCppEngine:
         slot.chunk = step
         if parked is None:
             if req.sampling.grammar is not None and self._prefixes is None:
-                self._prefixes = Prefixes(self._model.vocab, self._n_vocab)
+                self._prefixes = Prefixes(self._model.vocab, self._n_vocab,
+                                         self.tokenizer.eos_token_ids)
             slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab,
                                    grammar_budget=self._grammar_ms / 1000,
                                    prefixes=self._prefixes)

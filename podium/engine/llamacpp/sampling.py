@@ -61,7 +61,7 @@ class Sampler:
                  grammar_budget: float = 0.0, prefixes: Prefixes | None = None):
         self._grammar = (_grammar_stage(vocab, params.grammar) if params.grammar is not None
                          else None)
-        self._vocab, self._prefixes = vocab, prefixes
+        self._prefixes = prefixes       # (needed when a grammar masks: the engine's)
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params())
         self.seed = params.seed if params.seed is not None else random.getrandbits(32)
@@ -120,9 +120,8 @@ class Sampler:
         logits = logits_row(ctx, index, self._n_vocab)
         masking = 0.0
         if masked:
+            assert self._prefixes is not None, "a grammar's mask needs the vocabulary's Prefixes"
             start = time.thread_time()
-            if self._prefixes is None:
-                self._prefixes = Prefixes(self._vocab, self._n_vocab)
             open_ = self._prefixes.open(self._asks)
             masking += time.thread_time() - start
             scores = logits[open_]
@@ -190,26 +189,26 @@ class Prefixes:
     one: at a JSON object's structure a few hundred of the default model's 151,936 tokens.
     Tokens that end generation are always asked (the grammar judges them by its state, not
     their text), and so are tokens whose first byte has no token of its own. One index
-    serves every request on a model (0.2-0.5 s to make).
+    serves every request on a model (0.2-0.5 s to make); ``eog``: the tokens that end
+    generation (the tokenizer's ``eos_token_ids``).
     """
 
-    def __init__(self, vocab, n_vocab: int):
+    def __init__(self, vocab, n_vocab: int, eog: frozenset[int]):
         buf = ctypes.create_string_buffer(256)
         pieces: list[bytes] = []
         for t in range(n_vocab):        # as the grammar reads them: special tokens as text
             n = llama_cpp.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)
             pieces.append(buf.raw[:n] if n > 0 else b"")
-        eog = [bool(llama_cpp.llama_vocab_is_eog(vocab, t)) for t in range(n_vocab)]
         short: dict[bytes, int] = {}        # pieces of at most two characters: a token each
         for t, piece in enumerate(pieces):
-            if piece and not eog[t] and _two_characters(piece) == piece:
+            if piece and t not in eog and _two_characters(piece) == piece:
                 short.setdefault(piece, t)
         # a token's class: 0 always asked, 1 + b its first byte b only, and past 256 the
         # first two characters it begins with (a token of those exists)
         keys: dict[bytes, int] = {}
         classes = np.zeros(n_vocab, np.int32)
         for t, piece in enumerate(pieces):
-            if eog[t] or piece[:1] not in short:
+            if t in eog or piece[:1] not in short:
                 continue
             two = _two_characters(piece)
             if len(two) > 1 and two in short:
