@@ -2,20 +2,27 @@
 
     .venv/bin/python bench/embeddings.py [--rounds 3] [--seconds 10] [--batches 1,32,256]
 
-Four systems embed the same deterministic inputs (each about 64 tokens of varied English,
+Five systems embed the same deterministic inputs (each about 64 tokens of varied English,
 made by ``texts()``), ``batch`` inputs at a time, one call after another, for ``--seconds``
 per cell:
 
   podium         ``python -m podium serve --model all-minilm-l6-v2 --threads 2 --log-level
                  warning`` (the packaged all-MiniLM-L6-v2 GGUF); one ``POST /v1/embeddings``
-                 of ``batch`` inputs at a time through httpx (encoding_format float; the
-                 answer parsed and counted).
+                 of ``batch`` inputs at a time on one kept-alive connection of the standard
+                 library's ``http.client`` (encoding_format float; the answer parsed and
+                 counted). ``--client httpx`` sends them through httpx instead, which costs
+                 the client 0.4-0.9 ms more a request on these machines: at batch 1 that is
+                 the client's cost, not the server's.
   llama-server   llama-cpp-python's own server on the same GGUF, ``python -m
                  llama_cpp.server --model GGUF --embedding true --n_ctx 512 --n_threads 2
                  --n_threads_batch 2 --verbose false`` (from ``--llama-server-python``: a
                  venv with ``llama-cpp-python[server]`` of .venv's version, e.g.
                  ``python -m venv /tmp/llama-server-venv && /tmp/llama-server-venv/bin/pip
                  install 'llama-cpp-python[server]==0.3.36'``), the same requests.
+  http-floor     the thinnest HTTP server around the bare call below: an ASGI app of a
+                 few lines under uvicorn (``--serve-floor``; OpenAI's request and answer,
+                 the call on a worker thread as any server must, not to stall its other
+                 clients), the same requests. What HTTP costs any Python server at batch 1.
   st             sentence-transformers' ``SentenceTransformer(FOLDER, device="cpu")
                  .encode(texts, batch_size=batch)`` in a worker process of
                  ``--st-python`` (a venv with CPU torch, ``torch.set_num_threads(2)``) on the
@@ -28,7 +35,7 @@ Each round measures every batch size on every system in turn (podium, llama-serv
 bare, podium, ...), after one untimed call of that batch; the servers and workers are
 started once and stay up. Printed: every cell (one JSON line), then per batch the median
 inputs/s of each system over the rounds, the ratios Podium / llama-server, Podium / st and
-Podium / bare, the issue's targets (Podium ahead of llama-server and st at batch 32 and 256;
+Podium / bare (and / http-floor), the issue's targets (Podium ahead of llama-server and st at batch 32 and 256;
 Podium >= bare / 1.1 at batch 1), the mean tokens per input (Podium's usage, [CLS] and [SEP]
 included) and the CPU time other work on the machine took during the run.
 
@@ -36,12 +43,14 @@ First, once: Podium's vector for one input against the bare llama.cpp one (norma
 sentence-transformers' (cosine similarity; the target is > 0.9999 for the bare one).
 
 ``--worker st|bare`` is the worker itself (JSON lines on stdin and stdout); it imports only
-what its system needs, so it runs under another venv's interpreter.
+what its system needs, so it runs under another venv's interpreter. ``--serve-floor`` is the
+http-floor server itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import math
 import os
@@ -55,7 +64,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = ("podium", "llama-server", "st", "bare")
+SYSTEMS = ("podium", "llama-server", "http-floor", "st", "bare")
 POOL = 1024             # distinct inputs, cycled through
 
 _SUBJECTS = [
@@ -138,12 +147,7 @@ def worker(kind: str, args: argparse.Namespace) -> None:
         def vector(text: str) -> list[float]:
             return [float(x) for x in model.encode([text])[0]]
     else:
-        import llama_cpp
-
-        llm = llama_cpp.Llama(args.gguf, embedding=True, n_ctx=args.bare_ctx,
-                              n_batch=args.bare_ctx, n_ubatch=args.bare_ctx,
-                              n_threads=args.threads, n_threads_batch=args.threads,
-                              verbose=False)
+        llm = bare_llama(args)
 
         def call(batch_texts: list[str]) -> int:
             return len(llm.embed(batch_texts))
@@ -167,6 +171,52 @@ def worker(kind: str, args: argparse.Namespace) -> None:
             if elapsed >= seconds:
                 break
         print(json.dumps({"inputs": done, "calls": k - 1, "seconds": elapsed}), flush=True)
+
+
+def bare_llama(args: argparse.Namespace):  # noqa: ANN201 - llama_cpp.Llama
+    import llama_cpp
+
+    return llama_cpp.Llama(args.gguf, embedding=True, n_ctx=args.bare_ctx,
+                           n_batch=args.bare_ctx, n_ubatch=args.bare_ctx,
+                           n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+
+
+def serve_floor(args: argparse.Namespace) -> None:
+    """The http-floor server: the bare call behind OpenAI's embeddings route and nothing
+    else (no validation, no limits, no log), on ``--port``."""
+    import asyncio
+
+    import orjson
+    import uvicorn
+
+    llm = bare_llama(args)
+    models = orjson.dumps({"object": "list", "data": [{"id": "floor", "object": "model"}]})
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] == "GET":
+            out = models
+        else:
+            req = orjson.loads(body)
+            vectors = await asyncio.to_thread(llm.embed, req["input"])
+            out = orjson.dumps({"object": "list", "model": req["model"], "data": [
+                {"object": "embedding", "index": i, "embedding": v}
+                for i, v in enumerate(vectors)]})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": out})
+
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 class Worker:
@@ -223,7 +273,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 class Server:
-    def __init__(self, cmd: list[str], label: str, timeout: float = 300):
+    def __init__(self, cmd: list[str], label: str, client: str = "stdlib",
+                 timeout: float = 300):
         import httpx
 
         self.port = free_port()
@@ -234,6 +285,8 @@ class Server:
                                      start_new_session=True)
         self.pid = self.proc.pid
         self.client = httpx.Client(timeout=600)
+        self.post = self._httpx if client == "httpx" else self._stdlib
+        self.conn: http.client.HTTPConnection | None = None
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -246,12 +299,33 @@ class Server:
                     raise SystemExit(f"{label} did not answer in {timeout} s") from None
                 time.sleep(0.3)
 
-    def embed(self, batch_texts: list[str]) -> dict:
-        r = self.client.post(f"{self.url}/v1/embeddings",
-                             json={"model": self.model, "input": batch_texts,
-                                   "encoding_format": "float"})
+    def _httpx(self, payload: dict) -> dict:
+        r = self.client.post(f"{self.url}/v1/embeddings", json=payload)
         r.raise_for_status()
-        body = r.json()
+        return r.json()
+
+    def _stdlib(self, payload: dict) -> dict:
+        for attempt in (1, 2):      # the server closes a connection idle past its keep-alive
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+            try:
+                self.conn.request("POST", "/v1/embeddings", body=json.dumps(payload),
+                                  headers={"content-type": "application/json"})
+                r = self.conn.getresponse()
+                data = r.read()
+                break
+            except (ConnectionError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+        if r.status != 200:
+            raise SystemExit(f"{self.label} answered {r.status}: {data[:300]!r}")
+        return json.loads(data)
+
+    def embed(self, batch_texts: list[str]) -> dict:
+        body = self.post({"model": self.model, "input": batch_texts,
+                          "encoding_format": "float"})
         assert len(body["data"]) == len(batch_texts), (self.label, len(body["data"]))
         return body
 
@@ -269,6 +343,8 @@ class Server:
 
     def stop(self) -> None:
         self.client.close()
+        if self.conn is not None:
+            self.conn.close()
         stop(self.proc)
 
 
@@ -309,10 +385,16 @@ def main() -> None:
                         help="the bare Llama's n_ctx = n_batch = n_ubatch")
     parser.add_argument("--st-python", default="/tmp/embed-work/venv-probe/bin/python")
     parser.add_argument("--llama-server-python", default="/tmp/llama-server-venv/bin/python")
+    parser.add_argument("--client", choices=("stdlib", "httpx"), default="stdlib",
+                        help="the servers' HTTP client")
     parser.add_argument("--worker", choices=("st", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args)
+    if args.serve_floor:
+        return serve_floor(args)
     if args.gguf is None:
         sys.path.insert(0, str(ROOT))
         from podium.engine.llamacpp.model_files import EMBED_MODEL, default_model_path
@@ -321,7 +403,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     pool = texts()
     print(f"# {len(pool)} inputs, e.g. {pool[0]!r}; batches {batches}, {args.rounds} rounds of "
-          f"{args.seconds:g} s cells, {args.threads} threads, load average "
+          f"{args.seconds:g} s cells, {args.threads} threads, {args.client} client, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
     running: dict[str, object] = {}
@@ -330,13 +412,19 @@ def main() -> None:
         if "podium" in systems:
             running["podium"] = Server(
                 [sys.executable, "-m", "podium", "serve", "--model", "all-minilm-l6-v2",
-                 "--threads", str(args.threads), "--log-level", "warning"], "podium")
+                 "--threads", str(args.threads), "--log-level", "warning"], "podium",
+                args.client)
         if "llama-server" in systems:
             running["llama-server"] = Server(
                 [args.llama_server_python, "-m", "llama_cpp.server", "--model", args.gguf,
                  "--embedding", "true", "--n_ctx", "512", "--n_threads", str(args.threads),
                  "--n_threads_batch", str(args.threads), "--verbose", "false"],
-                "llama-server")
+                "llama-server", args.client)
+        if "http-floor" in systems:
+            running["http-floor"] = Server(
+                [sys.executable, str(Path(__file__).resolve()), "--serve-floor", "--gguf",
+                 args.gguf, "--threads", str(args.threads), "--bare-ctx", str(args.bare_ctx)],
+                "http-floor", args.client)
         if "st" in systems:
             running["st"] = Worker(args.st_python, "st", args)
         if "bare" in systems:
@@ -410,6 +498,10 @@ def main() -> None:
             b = medians[("bare", batch)]
             verdicts.append(f"batch 1: podium {p:.1f} >= bare / 1.1 = {b / 1.1:.1f}: "
                             f"{'met' if p >= b / 1.1 else 'MISSED'}")
+            if "http-floor" in systems:
+                f = medians[("http-floor", batch)]
+                verdicts.append(f"batch 1, for scale: http-floor / bare = {f / b:.3f} (HTTP "
+                                f"alone), podium / http-floor = {p / f:.3f}")
         if batch in (32, 256):
             for s in ("llama-server", "st"):
                 if s in systems:
