@@ -2,7 +2,9 @@
 
 A ``prompt`` is encoded as it is; ``messages`` (with ``tools``) go through the Chat adapter and
 the model's dialect exactly as a chat request does, so ``count`` is the prompt a chat request
-with them would use (clients budget their context with it).
+with them would use (clients budget their context with it). Embedding models and rerankers
+tokenize a ``prompt`` too (with their own special tokens: what an embeddings request of it
+reads); they have no chat template for ``messages``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class TokenizeService:
         tokenizer = self._engine.tokenizer
         if req.prompt is not None:
             return tokenizer.encode(req.prompt, add_special=req.add_special_tokens is not False)
+        kind = getattr(self._engine, "kind", "chat")
+        if kind != "chat":
+            what = "a reranker" if kind == "rerank" else "an embedding model"
+            raise InvalidRequestError(f"'{req.model}' is {what}: it has no chat template to "
+                                      f"render messages with; give prompt", param="messages")
         wire = ChatCompletionRequest.model_construct(   # validated already, as parts
             model=req.model, messages=req.messages or [], tools=req.tools,
             add_generation_prompt=req.add_generation_prompt,

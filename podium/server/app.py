@@ -116,8 +116,10 @@ class PodiumApp(FastAPI):
 _KINDS = {"chat": "a chat model", "embedding": "an embedding model", "rerank": "a reranker"}
 _ROUTES = {"chat": "text generation (chat, completions, responses, messages; Ollama's "
                    "/api/chat and /api/generate)",
-           "embedding": "embeddings (/v1/embeddings, Ollama's /api/embed) and /v1/rerank",
-           "rerank": "/v1/rerank"}
+           "embedding": "embeddings (/v1/embeddings, Ollama's /api/embed), /v1/rerank and "
+                        "/tokenize",
+           "rerank": "/v1/rerank and /tokenize"}
+EVERY_KIND = tuple(_KINDS)      # routes every model serves (/tokenize, /detokenize)
 HELD = "podium.held"    # the scope's list of models a request holds (released at its end)
 
 
@@ -360,13 +362,14 @@ def _routes(app: FastAPI) -> None:
     @app.post("/tokenize", responses=_ERRORS)
     async def tokenize(body: TokenizeRequest, request: Request):
         """The tokens of a ``prompt``, or of ``messages`` rendered as a chat request would
-        be (vLLM's shape): ``tokens``, ``count``, ``max_model_len``."""
-        served = await model_of(request, body.model)
+        be (vLLM's shape): ``tokens``, ``count``, ``max_model_len``. Every kind of model:
+        a chunker measures text in its embedding model's tokens."""
+        served = await model_of(request, body.model, EVERY_KIND)
         return json_response(await served.tokens.tokenize(body, small=small(request)))
 
     @app.post("/detokenize", responses=_ERRORS)
     async def detokenize(body: DetokenizeRequest, request: Request):
-        served = await model_of(request, body.model)
+        served = await model_of(request, body.model, EVERY_KIND)
         return json_response(await served.tokens.detokenize(body, small=small(request)))
 
     @app.get("/v1/models")

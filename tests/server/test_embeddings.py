@@ -124,6 +124,31 @@ def test_an_embedding_model_does_not_chat_and_says_what_it_is_for(http):
     assert card["kind"] == "embedding" and card["rerank"] == "cosine"
 
 
+def test_tokenize_counts_an_embedding_models_tokens(http):
+    """A chunker budgets its chunks in the embedding model's own tokens (vLLM's /tokenize
+    serves pooling models too); messages need a chat template, which it has not."""
+    from tests.server.apps import served
+
+    tok = served(http.app).engine.tokenizer
+    text = "Retrieval chunks are measured in tokens."
+    r = http.post("/tokenize", json={"model": NAME, "prompt": text})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == tok.encode(text) and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 256 and body["tokens"][0] == 101     # [CLS]
+    bare = http.post("/tokenize", json={"model": NAME, "prompt": text,
+                                        "add_special_tokens": False}).json()
+    assert bare["tokens"] == body["tokens"][1:-1]
+    r = http.post("/detokenize", json={"model": NAME, "tokens": bare["tokens"]})
+    assert r.status_code == 200     # WordPiece: lower case, and spaces around punctuation
+    assert r.json()["prompt"].split() == text.lower().replace(".", " .").split()
+    r = http.post("/tokenize", json={"model": NAME, "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "messages" and "embedding model" in error["message"]
+
+
 def test_rerank_orders_documents_by_relevance(http):
     query = "How do I bake bread at home?"
     documents = ["The stock market fell sharply on Tuesday.",
@@ -247,6 +272,9 @@ def test_a_reranker_scores_with_its_own_head(reranker):
     assert "document" not in top["results"][0] and top["usage"]["total_tokens"] > 0
     card = reranker.get("/v1/models/tiny-rank").json()
     assert card["kind"] == "rerank" and card["rerank"] == "model"
+    r = reranker.post("/tokenize", json={"model": "tiny-rank", "prompt": "the cat sat"})
+    assert r.status_code == 200 and r.json()["max_model_len"] == 64
+    assert r.json()["tokens"] == tok.encode("the cat sat")
 
 
 def test_a_reranker_refuses_what_it_is_not_for(reranker):
