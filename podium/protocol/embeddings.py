@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler
+from pydantic import WrapValidator
+from pydantic_core import PydanticCustomError
 
 from podium.protocol.common import LENIENT
 
@@ -15,10 +17,25 @@ Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 IdLists = Annotated[list[Ids], Field(min_length=1, max_length=MAX_INPUTS)]
 
 
+def _one_sentence(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A malformed ``input`` said once, plainly, instead of once per member of the union."""
+    try:
+        return handler(value)
+    except ValidationError:
+        if isinstance(value, list) and len(value) > MAX_INPUTS:
+            said = f"{len(value)} items, more than the {MAX_INPUTS} a request may hold"
+        elif value == [] or (isinstance(value, list) and [] in value):
+            said = "an input is empty: each needs at least one token"
+        else:
+            said = ("give a string, an array of strings, an array of token ids (integers "
+                    "from 0) or an array of arrays of token ids")
+        raise PydanticCustomError("input", said) from None
+
+
 class EmbeddingsRequest(BaseModel):
     model_config = LENIENT
     model: str
-    input: str | Strings | Ids | IdLists
+    input: Annotated[str | Strings | Ids | IdLists, WrapValidator(_one_sentence)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None

@@ -104,6 +104,20 @@ def test_bad_requests_name_their_parameter(http, body, param):
     assert r.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize("value, says", [
+    ([], "empty"), (["x"] * 2049, "2049"), ([1.5], "token ids"), ({"a": 1}, "token ids"),
+    ([[]], "empty"), ([-1], "token ids"), (["a", 1], "token ids"), (None, "token ids"),
+])
+def test_a_malformed_input_is_one_plain_sentence(http, value, says):
+    """Not pydantic's attempt at every member of the union ("Input should be a valid
+    string; List should have at least 1 item; ...")."""
+    r = http.post("/v1/embeddings", json={"model": NAME, "input": value})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input" and says in error["message"]
+    assert "should be a valid" not in error["message"] and ";" not in error["message"]
+
+
 def test_truncation_on_request_and_dimensions_as_they_are(http):
     long = "word " * 600
     r = http.post("/v1/embeddings", json={"model": NAME, "input": long,
