@@ -137,12 +137,13 @@ def estimate(config: ModelConfig) -> int:
     if settings.engine != "llamacpp":
         return 0
     from podium.engine.llamacpp.estimate import estimate as llama_estimate
+    from podium.engine.llamacpp.model import use_extra_buffers
     from podium.engine.llamacpp.model_files import resolve_model
 
     path = resolve_model(settings.spec, settings.model_file)
     return llama_estimate(path, n_ctx=settings.ctx_size, n_seq=max(1, settings.max_num_seqs),
                           n_batch=settings.batch_size,
-                          repack=not settings.deterministic).total
+                          repack=use_extra_buffers(not settings.deterministic)).total
 
 
 def detect_kind(config: ModelConfig) -> str:

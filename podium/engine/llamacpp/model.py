@@ -50,6 +50,37 @@ def _llama_log(level: int, text: bytes, _data) -> None:
 _backend_ready = False
 
 
+def use_extra_buffers(wanted: bool) -> bool:
+    """Whether a model may put its weights in llama.cpp's extra buffer types (repacked for
+    the CPU's kernels): as ``wanted``, except on a CPU with AMX under a llama.cpp built with
+    its AMX kernels. There those kernels take every quantized matrix product of a prompt, and
+    with llama-cpp-python 0.3.36 on an Intel Xeon VM (Sapphire Rapids class) they killed the
+    process with an illegal instruction (SIGILL, ``tilezero`` on an unconfigured tile) at
+    the first prompt of 8 tokens, with Q4_K_M and Q8_0 models alike: a server must not die
+    for a faster prefill."""
+    return wanted and not _amx_kernels()
+
+
+_amx: bool | None = None
+
+
+def _amx_kernels() -> bool:
+    """This llama.cpp has AMX kernels and this CPU runs AMX (so llama.cpp would use them)."""
+    global _amx
+    if _amx is None:
+        built = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+        try:
+            cpu = " amx_int8" in Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpu = False
+        _amx = built and cpu
+        if _amx:
+            log.warning("this CPU has AMX and llama.cpp AMX kernels, which stopped the "
+                        "process with an illegal instruction on such a machine: weights are "
+                        "not repacked (--no-deterministic and embedding models included)")
+    return _amx
+
+
 def _init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
@@ -67,7 +98,8 @@ class LlamaModel:
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = vocab_only
         params.n_gpu_layers = 0
-        params.use_extra_bufts = extra_buffers     # off: no repacked weights (see engine)
+        # off: no repacked weights (see engine); never AMX's (``use_extra_buffers``)
+        params.use_extra_bufts = use_extra_buffers(extra_buffers)
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
             raise ModelFilesError(f"llama.cpp could not load {path} (is it a GGUF file?)")
