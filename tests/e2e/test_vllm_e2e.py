@@ -170,6 +170,11 @@ def test_a_vllm_embedding_model_loaded_on_demand(server, client):
     with pytest.raises(openai.BadRequestError, match="embedding model"):
         client.chat.completions.create(model="minilm", max_tokens=4,
                                        messages=[{"role": "user", "content": "Hi"}])
+    counted = httpx.post(f"{server}/tokenize", json={"model": "minilm", "prompt": "a red apple"},
+                         timeout=60)
+    assert counted.status_code == 200, counted.text     # [CLS] a red apple [SEP]
+    assert counted.json()["tokens"][0] == 101 and counted.json()["tokens"][-1] == 102
+    assert counted.json()["count"] == 5
     unloaded = httpx.post(f"{server}/v1/models/minilm/unload", timeout=120).json()
     assert unloaded["state"] == "unloaded"
 
