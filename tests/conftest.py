@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -19,17 +21,21 @@ from podium.settings import Settings
 SERVED = "test-model"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def data_dir(tmp_path_factory):
-    """Stored responses and keys go to a throwaway directory, never the user's."""
-    path = tmp_path_factory.mktemp("podium-data")
-    old = os.environ.get("PODIUM_DATA_DIR")
-    os.environ["PODIUM_DATA_DIR"] = str(path)
-    yield path
-    if old is None:
+_OLD_DATA_DIR = os.environ.get("PODIUM_DATA_DIR")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stored responses and keys go to a throwaway directory, never the user's: set before
+    any test module is imported (tests/server/test_fuzz.py builds its app at import)."""
+    os.environ["PODIUM_DATA_DIR"] = tempfile.mkdtemp(prefix="podium-data-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ["PODIUM_DATA_DIR"], ignore_errors=True)
+    if _OLD_DATA_DIR is None:
         os.environ.pop("PODIUM_DATA_DIR", None)
     else:
-        os.environ["PODIUM_DATA_DIR"] = old
+        os.environ["PODIUM_DATA_DIR"] = _OLD_DATA_DIR
 
 
 @pytest.fixture(scope="session")
