@@ -1,6 +1,9 @@
 """Schemathesis against Podium's own OpenAPI document: no 5xx, documented statuses, and every
 error body shaped like its API's (OpenAI's; Anthropic's on /v1/messages; Ollama's on /api/). Bounded so it fits CI (examples per operation below)."""
 
+import os
+from pathlib import Path
+
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import (content_type_conformance,
@@ -16,10 +19,14 @@ from tests.conftest import SERVED
 
 
 def _app():
+    """Built at import, and its batch worker runs for the whole session: on a store of its
+    own, or it would claim (and fail, serving no such model) the batch requests of the
+    e2e tests' server, which uses the session's default store."""
     model = LlamaModel(default_model_path(), vocab_only=True)
     info = ModelInfo(SERVED, 4096, model.metadata["tokenizer.chat_template"], 0)
     engine = ScriptedEngine(LlamaTokenizer(model), info, ["Sure, here you go."])
-    return create_app(Settings(max_body_bytes=1 << 20), engine)
+    store = Path(os.environ["PODIUM_DATA_DIR"]) / "fuzz.db"    # (tests/conftest.py)
+    return create_app(Settings(max_body_bytes=1 << 20, store_url=f"sqlite:///{store}"), engine)
 
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
