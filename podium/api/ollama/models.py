@@ -7,9 +7,11 @@ a GGUF's header (``engine.llamacpp.header``: architecture, parameter count from 
 shapes, quantization from ``general.file_type``, chat template, fill-in-the-middle tokens),
 or a Hugging Face folder's ``config.json`` and safetensors headers (vLLM). Reading a file
 is blocking (up to a tenth of a second for a 150k-token vocabulary, then remembered), so
-``describe`` runs on a worker thread. A model whose files cannot be read (a hub repo not
-fetched yet, a broken file) is still listed, with what is known (its name) and the reason
-logged.
+``describe`` runs on a worker thread. A model whose files are not here (a hub repo not
+fetched yet) is still listed, with what is known (its name). One whose file is here but
+cannot be read (a malformed header: the walk's bounds say why) is listed too, with its size
+and the cause as ``error``, and ``/api/show`` of it is a 422 saying the cause: one broken
+file never makes a listing fail for every client.
 
 ``digest`` is the SHA-256 of the file's size and its first and last MiB (a folder: of its
 ``config.json`` and its files' names and sizes): cheap, the same for two copies of one file,
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from podium.engine.llamacpp.header import human_count, read_header, safetensors_parameters
-from podium.errors import ModelFilesError
+from podium.errors import ModelFilesError, PodiumError
 from podium.models import Entry, ModelConfig, Models
 from podium.settings import Settings
 
@@ -43,6 +45,17 @@ MAX_FOLDER_FILES = 1000
 NEVER = timedelta(microseconds=(2**63 - 1) // 1000)
 # GitHub Copilot Chat names the model by general.basename; Ollama echoes the name asked
 COPILOT_AGENT = "GitHubCopilotChat/"
+
+
+class ModelFilesUnreadable(PodiumError):
+    """``/api/show`` of a model whose file is here but cannot be read (422, the cause in the
+    message): not 404 (the model is served; Ollama's clients read a 404 from show as "pull
+    it first"), not a 5xx (nothing failed in this request, and retrying does not mend the
+    file: a 5xx is logged as the server's error and some clients retry it)."""
+
+    status_code = 422
+    error_type = "invalid_request_error"
+    default_code = "model_files_unreadable"
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,7 @@ class Described:
     template: str | None = None
     fim_tokens: tuple[str, ...] = ()   # its fill-in-the-middle tokens
     pooling: bool = False       # the file declares a pooling: an embedding model
+    error: str = ""             # why its file, here, cannot be read ("" when it can)
 
     def details(self) -> dict[str, Any]:
         return {"parent_model": "", "format": self.format, "family": self.family,
@@ -72,14 +86,27 @@ class Described:
 def describe(config: ModelConfig) -> Described:
     """The model's files, described (blocking: run it on a worker thread)."""
     settings: Settings = config.source
+    path = None
     try:
         path = local_path(settings)
         if path is None:
             return Described()
         return _folder(path) if path.is_dir() else _gguf(path)
-    except (ModelFilesError, OSError, ValueError, TypeError) as exc:
-        log.warning("model %s: its files could not be described: %s", config.name, exc)
-        return Described()
+    except Exception as exc:  # noqa: BLE001 - one model's unreadable files are its own
+        cause = exc.message if isinstance(exc, ModelFilesError) else (
+            f"{type(exc).__name__}: {exc}")
+        log.warning("model %s: its files could not be described: %s", config.name, cause)
+        return _unreadable(path, cause) if path is not None else Described()
+
+
+def _unreadable(path: Path, cause: str) -> Described:
+    """A file (or folder) that is here but cannot be read: what its ``stat`` says, and why."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return Described(path=path, error=cause)
+    return Described(path=path, size=stat.st_size if path.is_file() else 0,
+                     modified=stat.st_mtime, error=cause)
 
 
 def local_path(settings: Settings) -> Path | None:
@@ -145,7 +172,8 @@ def _file_digest(path: Path) -> str:
 def _folder(folder: Path) -> Described:
     """A Hugging Face folder (vLLM): config.json's architecture and dtype, the parameters
     in its safetensors headers."""
-    raw = (folder / "config.json").read_bytes()[:MiB]
+    with open(folder / "config.json", "rb") as f:
+        raw = f.read(MiB)
     config = json.loads(raw)
     if not isinstance(config, dict):
         raise ValueError("config.json is not an object")
@@ -182,9 +210,13 @@ def when(seconds: float | None) -> str:
 # -- the routes' answers ------------------------------------------------------------------
 
 def listed(entry: Entry, about: Described) -> dict[str, Any]:
-    """``/api/tags``'s object for a model."""
-    return {"name": entry.name, "model": entry.name, "modified_at": when(about.modified),
-            "size": about.size, "digest": about.digest, "details": about.details()}
+    """``/api/tags``'s object for a model (``error``, beside Ollama's fields, when its file
+    cannot be read: why)."""
+    out = {"name": entry.name, "model": entry.name, "modified_at": when(about.modified),
+           "size": about.size, "digest": about.digest, "details": about.details()}
+    if about.error:
+        out["error"] = about.error
+    return out
 
 
 def kind_of(entry: Entry, about: Described) -> str:
@@ -243,7 +275,11 @@ def capabilities(entry: Entry, about: Described, kind: str, template: str | None
 
 
 def shown(entry: Entry, about: Described, asked: str, agent: str) -> dict[str, Any]:
-    """``/api/show``'s object for a model (``asked``: the name the client used)."""
+    """``/api/show``'s object for a model (``asked``: the name the client used); 422 if its
+    file cannot be read."""
+    if about.error:
+        raise ModelFilesUnreadable(f"The model '{asked}' cannot be shown: its file cannot "
+                                   f"be read ({about.error})", param="model")
     kind = kind_of(entry, about)
     template = template_of(entry, about)
     info = dict(about.info)

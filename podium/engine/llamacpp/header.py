@@ -8,8 +8,13 @@ touched; the walk is one pass over the header's bytes (a few MiB for a 150k-toke
 vocabulary: about 50 ms), remembered by path, size and modification time.
 
 Everything a file can make the walk do is bounded: counts of keys, tensors, array items and
-dimensions, the length of every string, and every offset is checked against the file's size.
-A file breaking a bound, or not a GGUF file, is a ``ModelFilesError`` naming it.
+dimensions (each count also by the bytes left: an item takes at least ``_LEAST[...]`` bytes,
+so a count the file cannot hold fails before any loop), the depth of arrays of arrays
+(``MAX_DEPTH``: no recursion past it; llama.cpp reads none), the length of every string,
+every dimension and every tensor's element count and their sum (below 2**63, as llama.cpp's
+int64 counts: nothing a JSON encoder refuses), and every offset is checked against the
+file's size. A file breaking a bound, or not a GGUF file, is a ``ModelFilesError`` naming
+it and the cause, remembered like a header so a broken file is not walked again per request.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ MAX_TENSORS = 1 << 20
 MAX_ITEMS = 1 << 25             # items in one array (vocabularies are ~2^18)
 MAX_STRING = 16 << 20           # one string (chat templates are tens of KiB)
 MAX_DIMS = 8                    # GGML_MAX_DIMS is 4
+MAX_DEPTH = 4                   # arrays in arrays (the spec allows them; llama.cpp reads none)
+MAX_ELEMENTS = 2**63 - 1        # a dimension, a tensor's elements, all tensors' (int64's max)
 SHORT_ARRAY = 5                 # arrays kept whole up to this length (as Ollama shows them)
 REMEMBERED = 32
 
@@ -58,6 +65,9 @@ FIM_KEYS = ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+# the fewest bytes one item takes: a string (its length), an array (its type and length), a
+# tensor's description (name length, dimensions, type, offset), a key (name length, type, u8)
+_LEAST = {"string": 8, "array": 12, "tensor": 8 + 4 + 4 + 8, "key": 8 + 4 + 1}
 
 
 @dataclass(frozen=True)
@@ -83,11 +93,12 @@ class Header:
         return ""
 
 
-_REMEMBERED: OrderedDict[tuple[str, int, int], Header] = OrderedDict()
+_REMEMBERED: OrderedDict[tuple[str, int, int], Header | ModelFilesError] = OrderedDict()
 
 
 def read_header(path: Path) -> Header:
-    """The header of the GGUF file ``path`` (remembered while the file is unchanged)."""
+    """The header of the GGUF file ``path`` (remembered while the file is unchanged, and so
+    is its failure: a broken file costs one walk, not one per listing)."""
     try:
         stat = path.stat()
     except OSError as exc:
@@ -95,10 +106,18 @@ def read_header(path: Path) -> Header:
     key = (str(path), stat.st_size, stat.st_mtime_ns)
     found = _REMEMBERED.get(key)
     if found is None:
-        found = _REMEMBERED[key] = _read(path)
+        try:
+            found = _read(path)
+        except OSError as exc:                  # not remembered: it may pass (permissions)
+            raise ModelFilesError(f"{path.name}: cannot read its header: {exc}") from None
+        except ModelFilesError as exc:          # what the file holds: remembered
+            found = exc
+        _REMEMBERED[key] = found
         while len(_REMEMBERED) > REMEMBERED:
             _REMEMBERED.popitem(last=False)
     _REMEMBERED.move_to_end(key)
+    if isinstance(found, ModelFilesError):
+        raise ModelFilesError(found.message)
     return found
 
 
@@ -106,7 +125,7 @@ def _read(path: Path) -> Header:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return _Walk(data, path.name).header()
-    except (OSError, ValueError) as exc:        # ValueError: mmap of an empty file
+    except ValueError as exc:                   # mmap of an empty file
         raise ModelFilesError(f"{path.name}: cannot read its header: {exc}") from None
 
 
@@ -129,10 +148,15 @@ class _Walk:
         self.at += n
         return value
 
-    def count(self, limit: int, what: str) -> int:
+    def count(self, limit: int, what: str, least: int = 0) -> int:
+        """A count here, at most ``limit``, of items of at least ``least`` bytes each: more
+        than the bytes left can hold fails now, before anything loops over them."""
         n = self.take("<Q", 8)
         if n > limit:
             raise self.fail(f"{n} {what}, more than {limit}")
+        if n * least > self.size - self.at:
+            raise self.fail(f"{n} {what}, more than the {self.size - self.at} bytes left "
+                            f"can hold")
         return n
 
     def raw_string(self) -> tuple[int, int]:
@@ -156,9 +180,15 @@ class _Walk:
             raise self.fail(f"value type {kind}")
         return self.take(fmt, struct.calcsize(fmt))
 
-    def array(self, key: str) -> tuple[list[Any], int]:
+    def array(self, key: str, depth: int = 1) -> tuple[list[Any], int]:
+        """The array here (``depth``: arrays it is inside, plus one): kept when short, else
+        only its length."""
+        if depth > MAX_DEPTH:
+            raise self.fail(f"arrays nested more than {MAX_DEPTH} deep")
         kind = self.take("<I", 4)
-        n = self.count(MAX_ITEMS, "items in an array")
+        least = _LEAST["array"] if kind == _ARRAY else _LEAST["string"] if kind == _STRING \
+            else struct.calcsize(_SCALARS.get(kind, "<B"))
+        n = self.count(MAX_ITEMS, "items in an array", least)
         if n <= SHORT_ARRAY and kind != _ARRAY:
             return [self.scalar(kind) for _ in range(n)], n
         if kind == _STRING:
@@ -172,7 +202,7 @@ class _Walk:
                         self.fim.add(token)
         elif kind == _ARRAY:
             for _ in range(n):
-                self.array("")
+                self.array("", depth + 1)
         else:
             fmt = _SCALARS.get(kind)
             if fmt is None:
@@ -182,6 +212,25 @@ class _Walk:
                 raise self.fail("an array runs past the end of the file")
         return [], n
 
+    def tensor(self) -> int:
+        """The elements of the tensor described here (each dimension, and their product,
+        at most ``MAX_ELEMENTS``, as llama.cpp checks them)."""
+        self.raw_string()                                       # its name
+        dims = self.take("<I", 4)
+        if dims > MAX_DIMS:
+            raise self.fail(f"a tensor of {dims} dimensions")
+        elements = 1
+        for _ in range(dims):
+            dim = self.take("<Q", 8)
+            if dim > MAX_ELEMENTS:
+                raise self.fail(f"a tensor dimension of {dim}, more than {MAX_ELEMENTS}")
+            elements *= dim
+            if elements > MAX_ELEMENTS:
+                raise self.fail(f"a tensor of more than {MAX_ELEMENTS} elements")
+        self.take("<I", 4)                                      # its type
+        self.take("<Q", 8)                                      # its data's offset
+        return elements
+
     def header(self) -> Header:
         if self.size < 24 or self.data[:4] != b"GGUF":
             raise self.fail("no GGUF magic")
@@ -189,8 +238,8 @@ class _Walk:
         version = self.take("<I", 4)
         if version not in (2, 3):
             raise self.fail(f"version {version}")
-        tensors = self.count(MAX_TENSORS, "tensors")
-        keys = self.count(MAX_KEYS, "keys")
+        tensors = self.count(MAX_TENSORS, "tensors", _LEAST["tensor"])
+        keys = self.count(MAX_KEYS, "keys", _LEAST["key"])
         metadata: dict[str, Any] = {}
         lengths: dict[str, int] = {}
         for _ in range(keys):
@@ -202,15 +251,9 @@ class _Walk:
                 metadata[key] = self.scalar(kind)
         parameters = 0
         for _ in range(tensors):
-            self.raw_string()                                   # its name
-            dims = self.take("<I", 4)
-            if dims > MAX_DIMS:
-                raise self.fail(f"a tensor of {dims} dimensions")
-            elements = 1
-            for _ in range(dims):
-                elements *= self.take("<Q", 8)
-            parameters += elements
-            self.at += 4 + 8                                    # its type and offset
+            parameters += self.tensor()
+            if parameters > MAX_ELEMENTS:
+                raise self.fail(f"tensors of more than {MAX_ELEMENTS} elements in all")
         fim = all(k in metadata for k in FIM_KEYS) or any(
             all(t.encode() in self.fim for t in s) for s in FIM_SETS)
         return Header(version, metadata, lengths, parameters, tensors, fim,
@@ -232,23 +275,53 @@ MAX_SHARDS = 256
 
 def safetensors_parameters(folder: Path) -> int:
     """Elements of every tensor in a Hugging Face folder's ``*.safetensors`` files, from
-    their JSON headers alone (each bounded; at most ``MAX_SHARDS`` files); 0 when none."""
-    import json
-
+    their JSON headers alone (each bounded; at most ``MAX_SHARDS`` files; each dimension and
+    every sum at most ``MAX_ELEMENTS``); 0 when none."""
     total = 0
     for path in sorted(folder.glob("*.safetensors"))[:MAX_SHARDS]:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ModelFilesError(f"{path.name}: not a safetensors file")
-            (length,) = struct.unpack("<Q", head)
-            if length > MAX_SAFETENSORS_HEADER:
-                raise ModelFilesError(f"{path.name}: a header of {length} bytes")
-            header = json.loads(f.read(length))
-        for name, tensor in header.items():
+        for name, tensor in _safetensors_header(path).items():
             if name != "__metadata__" and isinstance(tensor, dict):
-                elements = 1
-                for dim in tensor.get("shape", ())[:MAX_DIMS]:
-                    elements *= int(dim)
-                total += elements
+                total += _elements(tensor.get("shape"), path.name)
+                if total > MAX_ELEMENTS:
+                    raise ModelFilesError(f"{path.name}: tensors of more than "
+                                          f"{MAX_ELEMENTS} elements in all")
     return total
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    """A safetensors file's JSON header (at most ``MAX_SAFETENSORS_HEADER`` bytes)."""
+    import json
+
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ModelFilesError(f"{path.name}: not a safetensors file")
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_SAFETENSORS_HEADER:
+            raise ModelFilesError(f"{path.name}: a header of {length} bytes")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:     # RecursionError: JSON nested too deep
+        raise ModelFilesError(f"{path.name}: its header is not JSON safetensors reads "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(header, dict):
+        raise ModelFilesError(f"{path.name}: its header is not a JSON object")
+    return header
+
+
+def _elements(shape: Any, name: str) -> int:
+    """A safetensors tensor's element count: its shape's product (each dimension an integer
+    of 0..``MAX_ELEMENTS``, at most ``MAX_DIMS`` of them, the product at most that too)."""
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS:
+        raise ModelFilesError(f"{name}: a tensor's shape is not a list of at most "
+                              f"{MAX_DIMS} dimensions")
+    elements = 1
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= MAX_ELEMENTS:
+            raise ModelFilesError(f"{name}: a tensor dimension of {str(dim)[:40]}, not an "
+                                  f"integer of 0..{MAX_ELEMENTS}")
+        elements *= dim
+        if elements > MAX_ELEMENTS:
+            raise ModelFilesError(f"{name}: a tensor of more than {MAX_ELEMENTS} elements")
+    return elements

@@ -168,12 +168,25 @@ def default_model_path(spec: ChunkedModel | PackagedFolderModel = DEFAULT_MODEL,
     parts = [(locate or locate_package_file)(f"{pkg}/{name}") for pkg, name in spec.parts]
     missing = [spec.parts[i][0] for i, p in enumerate(parts) if p is None]
     if missing:
-        raise ModelFilesError(
-            f"The default model is not installed (missing {', '.join(missing)}). "
-            f"Install it with: pip install 'podium[{spec.extra}]' "
-            f"(or pass --model PATH.gguf)")
+        raise ModelFilesError(not_installed(spec, missing))
     assemble(spec, [p for p in parts if p is not None], target)
     return target
+
+
+# which of ./dev's set-ups installs each extra's parts (./dev serve: "model"; ./dev test both)
+_DEV_INSTALLS = {"model": "./dev serve and ./dev test install it",
+                 "test": "./dev test installs it, ./dev serve does not"}
+
+
+def not_installed(spec: ChunkedModel, missing: list[str]) -> str:
+    """What to say when ``spec``'s parts are missing: the model asked for by its name (the
+    default model, or the one ``--model`` named) and the pip extra that installs it."""
+    which = (f"The default model {spec.served_name!r}" if spec == DEFAULT_MODEL
+             else f"The model {spec.served_name!r}")
+    dev = _DEV_INSTALLS.get(spec.extra)
+    return (f"{which} is not installed (missing {', '.join(missing)}). Install it with: "
+            f"pip install 'podium[{spec.extra}]' (in a checkout: .venv/bin/pip install -e "
+            f"'.[{spec.extra}]'{'; ' + dev if dev else ''}), or pass --model PATH.gguf")
 
 
 def locate_package_file(relative: str) -> Path | None:
