@@ -11,12 +11,16 @@ Its loop, about once a second (at once when something here changes):
   file) or cancelled (``cancelled``: ``batch_cancelled`` lines). A replica that dies in a
   step leaves its lease to lapse, and another begins the step again.
 - **Requests**: up to ``--batch-max-in-flight`` at once, claimed with leases
-  (``claim_requests``), each run by the endpoint's own service (``execute``, given by the
-  server) at ``BATCH_PRIORITY`` in the engine, below every interactive request, and its
-  output line written once (``finish_request``). Leases are renewed every third of
-  ``--response-lease-seconds``; a request whose lease lapsed (its replica died) is claimed
-  again, here or elsewhere. A request refused for want of room (429, or 503 while its
-  model waits to load) goes back to the queue for a few seconds instead of failing.
+  (``claim_requests``) among the batches whose model this replica serves (replicas on one
+  database may serve different models, or answer to different aliases: a batch for a model
+  no replica serves waits until its window ends, and then expires; validation fails it only
+  for a model served here of another kind), each run by the endpoint's own service
+  (``execute``, given by the server) at ``BATCH_PRIORITY`` in the engine, below every
+  interactive request, and its output line written once (``finish_request``). Leases are
+  renewed every third of ``--response-lease-seconds``; a request whose lease lapsed (its
+  replica died) is claimed again, here or elsewhere. A request refused for want of room
+  (429, or 503 while its model waits to load) goes back to the queue for a few seconds
+  instead of failing.
 - **Cancels and windows**: the statuses of the batches it runs are read each turn; a batch
   cancelled (on any replica) or past its window has its running requests stopped and given
   back, for the step that ends it.
@@ -35,7 +39,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import orjson
 
-from podium.errors import PodiumError, StoreUnavailable
+from podium.errors import ModelNotFound, PodiumError, StoreUnavailable
 from podium.protocol.batches import (MAX_ERRORS, MAX_REQUESTS, LineError, error_line,
                                      output_line, read_line)
 from podium.store.batches import BatchStore, Claimed, Usage
@@ -180,12 +184,31 @@ class Worker:
                                                  name=f"podium-batch-{row['id']}")
         free = self.in_flight - len(self._running)
         if free > 0:
+            served = await self._served(now)
             for claimed in await self._store.claim_requests(self.replica, now + self.lease,
-                                                            now, free):
+                                                            now, free, served):
                 if not self._running:
                     self._renewed = now
                 self._running[claimed.key] = asyncio.create_task(
                     self._run(claimed), name=f"podium-batch-request-{claimed.line}")
+
+    async def _served(self, now: float) -> set[str]:
+        """The models of the running batches that this replica serves, as the batches name
+        them: replicas on one database may serve different models (and aliases, globs
+        among them), and each claims only requests it can run."""
+        return {model for model, endpoint in await self._store.running_models(now)
+                if self._serves(model, endpoint)}
+
+    def _serves(self, model: str, endpoint: str) -> bool:
+        """Whether a name is one of this replica's models: one it knows but of another
+        kind is still its own to answer (each line a 400, as the route would answer)."""
+        try:
+            self._check_model(model, endpoint)
+        except ModelNotFound:
+            return False
+        except PodiumError:
+            pass
+        return True
 
     def _stop(self, key: tuple[str, int]) -> None:
         """Stop a request running here, unless its answer is being written (the write
@@ -348,10 +371,7 @@ class Worker:
             errors = [LineError("empty_file", "The input file has no requests.", None,
                                 "input_file_id")]
         if not errors and model is not None:
-            try:
-                self._check_model(model, endpoint)
-            except PodiumError as exc:
-                errors = [LineError("invalid_model", exc.message, None, "body.model")]
+            errors = self._model_errors(batch_id, model, endpoint)
         now = int(time.time())
         if errors:
             body = {"object": "list", "data": [e.to_obj() for e in errors]}
@@ -372,6 +392,19 @@ class Worker:
                      count, model)
         else:
             await self._after_validating(batch_id, model)
+
+    def _model_errors(self, batch_id: str, model: str, endpoint: str) -> list[LineError]:
+        """A model this replica serves but of another kind fails the batch; one it does not
+        serve may be another replica's (replicas on one database may serve different
+        models): its requests wait for one that serves it, until the batch's window ends."""
+        try:
+            self._check_model(model, endpoint)
+        except ModelNotFound:
+            log.info("batch %s: model %r is not served here: its requests wait for a "
+                     "replica that serves it", batch_id, model)
+        except PodiumError as exc:
+            return [LineError("invalid_model", exc.message, None, "body.model")]
+        return []
 
     async def _after_validating(self, batch_id: str, model: str | None) -> None:
         """The batch left ``validating`` while it was read (cancelled): let its step go,

@@ -12,7 +12,9 @@ every batch:
   here, once) or ``closed`` (the batch ended before it ran).
 
 Any replica claims queued requests, and requests whose lease lapsed (their replica died),
-with a conditional ``UPDATE`` whose ``rowcount`` says whether it won: portable to SQLite and
+of batches whose model it serves (replicas on one database may serve different models: a
+request for a model none serves waits, and ends with its batch's window), with a
+conditional ``UPDATE`` whose ``rowcount`` says whether it won: portable to SQLite and
 PostgreSQL (which re-checks the condition on the row it locked), so two replicas never run
 one request at once, and a result is written only by the replica holding the request
 (``finish_request``), in the transaction that counts it: a request answered twice (a lease
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
 
 import sqlalchemy as sa
 
@@ -308,17 +310,36 @@ class BatchStore:
 
     # -- requests -----------------------------------------------------------------------
 
-    async def claim_requests(self, replica: str, until: float, now: float, limit: int
-                             ) -> list[Claimed]:
+    async def running_models(self, now: float) -> list[tuple[str, str]]:
+        """The (model, endpoint) pairs of the batches running now: a replica asks which of
+        these models it serves, and claims only their requests (``claim_requests``)."""
+        return await self._run(self._running_models, now)
+
+    def _running_models(self, now: float) -> list[tuple[str, str]]:
+        b = batches.c
+        with self.engine.connect() as db:
+            return [(row.model, row.endpoint) for row in db.execute(
+                sa.select(b.model, b.endpoint).distinct().where(
+                    b.status == "in_progress", b.expires_at > int(now),
+                    b.model.is_not(None)))]
+
+    async def claim_requests(self, replica: str, until: float, now: float, limit: int,
+                             models: Collection[str]) -> list[Claimed]:
         """Up to ``limit`` requests to run, held by ``replica`` until ``until``: queued
         ones of running batches in their batches' order then line order, or ones whose
-        replica's lease lapsed."""
-        return await self._run(self._claim_requests, replica, until, now, limit)
+        replica's lease lapsed; only of batches for ``models`` (the names, as the lines
+        give them, that ``replica`` serves: no replica fails another's requests with a
+        model it does not have)."""
+        if not models or limit <= 0:
+            return []
+        return await self._run(self._claim_requests, replica, until, now, limit,
+                               sorted(models))
 
-    def _claim_requests(self, replica: str, until: float, now: float, limit: int
-                        ) -> list[Claimed]:
+    def _claim_requests(self, replica: str, until: float, now: float, limit: int,
+                        models: list[str]) -> list[Claimed]:
         b, r = batches.c, batch_requests.c
         runnable = sa.and_(b.status == "in_progress", b.expires_at > int(now),
+                           b.model.in_(models),
                            sa.or_(r.not_before.is_(None), r.not_before <= now))
         claimable = sa.or_(r.state == "queued",
                            sa.and_(r.state == "running", r.lease_until < now))

@@ -30,8 +30,9 @@ from tests.server.test_files import db_url  # noqa: F401 - the fixture (sqlite, 
 def serve(tokenizer, db_url):  # noqa: F811
     servers: list[Served] = []
 
-    def build(replies=("Hello there!",), delay=0.0, seqs=None, **settings) -> Served:
-        engine = ScriptedEngine(tokenizer, ModelInfo(SERVED, 4096, "", 0), list(replies),
+    def build(replies=("Hello there!",), delay=0.0, seqs=None, name=SERVED,
+              **settings) -> Served:
+        engine = ScriptedEngine(tokenizer, ModelInfo(name, 4096, "", 0), list(replies),
                                 delay=delay, max_num_seqs=seqs, max_queued=8)
         settings.setdefault("store_url", db_url)
         settings.setdefault("response_lease_seconds", 3.0)
@@ -203,15 +204,48 @@ def test_every_format_error_is_listed_by_line(serve):
         (2, "invalid_json_line"), (3, "mismatched_model"), (4, "duplicate_custom_id")]
 
 
-def test_a_model_not_served_fails_the_batch(serve):
-    served = serve()
-    sdk = served.client()
-    line = {**chat_line(0), "body": {"model": "nobody", "messages": []}}
-    done = wait(sdk, sdk.batches.create(input_file_id=upload(sdk, [line]),
-                                        endpoint="/v1/chat/completions",
-                                        completion_window="24h").id)
-    assert done.status == "failed"
-    assert done.errors.data[0].code == "invalid_model" and "nobody" in done.errors.data[0].message
+def test_replicas_serving_different_models_each_run_their_own(serve):
+    """Two replicas on one database, one serving alpha (and, by alias, 'claude-*'), the other
+    beta: each runs only its own models' batches, none fails with model_not_found, and a
+    batch for a model neither serves waits, then expires with its window (not failed)."""
+    a = serve(replies=["From A."], name="alpha", model_alias=("claude-*=alpha",))
+    b = serve(replies=["From B."], name="beta")
+    sdk = a.client()
+
+    def create(model: str) -> str:
+        lines = [chat_line(i, model=model) for i in range(3)]
+        return sdk.batches.create(input_file_id=upload(sdk, lines),
+                                  endpoint="/v1/chat/completions",
+                                  completion_window="24h").id
+    made = {model: create(model) for model in ("alpha", "beta", "claude-haiku-4-5", "gamma")}
+    for model, reply in (("alpha", "From A."), ("beta", "From B."),
+                         ("claude-haiku-4-5", "From A.")):
+        done = wait(sdk, made[model])
+        assert done.status == "completed", (model, done.status, done.errors)
+        assert done.request_counts.model_dump() == {"total": 3, "completed": 3, "failed": 0}
+        assert done.model == model and done.error_file_id is None
+        bodies = [line["response"]["body"] for line in lines_of(sdk, done.output_file_id)]
+        assert {(x["model"], x["choices"][0]["message"]["content"]) for x in bodies} == {
+            (model, reply)}
+    assert (len(a.engine.requests), len(b.engine.requests)) == (6, 3)
+    time.sleep(2.5)                 # both workers look again (once a second): gamma waits
+    waiting = sdk.batches.retrieve(made["gamma"])
+    assert waiting.status == "in_progress" and waiting.errors is None
+    assert waiting.request_counts.model_dump() == {"total": 3, "completed": 0, "failed": 0}
+    with a.app.state.store.engine.begin() as db:
+        states = db.execute(sa.select(batch_requests.c.state).where(
+            batch_requests.c.batch_id == made["gamma"])).scalars().all()
+        assert states == ["queued"] * 3
+        db.execute(sa.update(batches).where(batches.c.id == made["gamma"]).values(
+            expires_at=int(time.time()) - 1))       # a day later
+    done = wait(sdk, made["gamma"])
+    assert done.status == "expired" and done.expired_at is not None and done.failed_at is None
+    assert done.request_counts.model_dump() == {"total": 3, "completed": 0, "failed": 3}
+    assert done.output_file_id is None
+    errors = lines_of(sdk, done.error_file_id)
+    assert sorted(x["custom_id"] for x in errors) == ["r0", "r1", "r2"]
+    assert {x["error"]["code"] for x in errors} == {"batch_expired"}
+    assert (len(a.engine.requests), len(b.engine.requests)) == (6, 3)   # gamma never ran
 
 
 def test_an_empty_file_fails_the_batch(serve):

@@ -1,27 +1,36 @@
 """Schemathesis against Podium's own OpenAPI document: no 5xx, documented statuses, and every
-error body shaped like its API's (OpenAI's; Anthropic's on /v1/messages; Ollama's on /api/). Bounded so it fits CI (examples per operation below)."""
+error body shaped like its API's (OpenAI's; Anthropic's on /v1/messages; Ollama's on /api/).
+Bounded so it fits CI (examples per operation below)."""
 
+import functools
+import importlib.util
 import os
 from pathlib import Path
 
 import schemathesis
+from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import (content_type_conformance,
                                                status_code_conformance)
 
+from podium.api.batch_worker import Worker
 from podium.engine.base import ModelInfo
-from podium.engine.scripted import ScriptedEngine
 from podium.engine.llamacpp.model import LlamaModel, LlamaTokenizer
 from podium.engine.llamacpp.model_files import default_model_path
+from podium.engine.scripted import ScriptedEngine
 from podium.server.app import create_app
 from podium.settings import Settings
 from tests.conftest import SERVED
 
 
-def _app():
-    """Built at import, and its batch worker runs for the whole session: on a store of its
-    own, or it would claim (and fail, serving no such model) the batch requests of the
-    e2e tests' server, which uses the session's default store."""
+@functools.cache
+def _app() -> FastAPI:
+    """The app, on a store of its own (on the session's default store, its batch worker
+    claimed the e2e tests' server's batch requests and failed them, serving no such model).
+    Built at import for its OpenAPI document (schemathesis's ``from_fixture`` would build it
+    in the test, but fails under pytest 9), and never started there: its lifespan, and its
+    batch worker with it, runs from a test's first request to that test's teardown
+    (schemathesis's plugin ends it), not for the whole session."""
     model = LlamaModel(default_model_path(), vocab_only=True)
     info = ModelInfo(SERVED, 4096, model.metadata["tokenizer.chat_template"], 0)
     engine = ScriptedEngine(LlamaTokenizer(model), info, ["Sure, here you go."])
@@ -29,7 +38,9 @@ def _app():
     return create_app(Settings(max_body_bytes=1 << 20, store_url=f"sqlite:///{store}"), engine)
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
+# the document read from the app, not requested from it: a request starts its lifespan
+schema = schemathesis.openapi.from_dict(_app().openapi())
+schema.app = _app()
 
 
 def api_shaped_errors(ctx, response, case):
@@ -59,3 +70,19 @@ def no_server_errors(ctx, response, case):
 def test_every_endpoint_survives_generated_requests(case):
     case.call_and_validate(checks=[no_server_errors, api_shaped_errors,
                                    status_code_conformance, content_type_conformance])
+
+
+def test_importing_this_module_starts_no_batch_worker(monkeypatch):
+    """Collecting the fuzz test starts nothing: an app started at import ran its batch
+    worker for the rest of the session, beside every other test."""
+    started: list[Worker] = []
+
+    async def start(worker: Worker) -> None:
+        started.append(worker)
+    monkeypatch.setattr(Worker, "start", start)
+    spec = importlib.util.spec_from_file_location("fuzz_again", __file__)
+    assert spec is not None and spec.loader is not None
+    again = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(again)
+    assert started == []
+    again._app().state.store.engine.dispose()
