@@ -1,7 +1,9 @@
 """The (legacy) Completions adapter: raw prompts in, text_completion objects or chunks out.
 
 No conversation and no dialect: the prompt is the caller's own text or token ids, and each
-choice's stream is the text pipeline alone (no output parsers)."""
+choice's stream is the text pipeline alone (no output parsers). A text prompt is in the
+model's own format, so special-token markup in it (``<|im_start|>``) is parsed as those
+tokens; the chat APIs, which render client text into a template, read it as text."""
 
 from __future__ import annotations
 

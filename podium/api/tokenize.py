@@ -1,10 +1,12 @@
 """``/tokenize`` and ``/detokenize`` (vLLM's shapes): what the model reads, in tokens.
 
-A ``prompt`` is encoded as it is; ``messages`` (with ``tools``) go through the Chat adapter and
-the model's dialect exactly as a chat request does, so ``count`` is the prompt a chat request
-with them would use (clients budget their context with it). Embedding models and rerankers
-tokenize a ``prompt`` too (with their own special tokens: what an embeddings request of it
-reads); they have no chat template for ``messages``.
+A ``prompt`` is encoded as it is, a raw prompt in the model's own format: special-token markup
+in it (``<|im_start|>``) is parsed as those tokens, as Completions' ``prompt`` is. ``messages``
+(with ``tools``) go through the Chat adapter and the model's dialect exactly as a chat request
+does, so ``count`` is the prompt a chat request with them would use (clients budget their
+context with it), and a control token's text inside a message shows as the text it is.
+Embedding models and rerankers tokenize a ``prompt`` too (with their own special tokens: what
+an embeddings request of it reads); they have no chat template for ``messages``.
 """
 
 from __future__ import annotations

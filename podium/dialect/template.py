@@ -4,6 +4,11 @@ The template renders the conversation the way Hugging Face renders it; the templ
 tells which reasoning and tool-call families the model writes (``parsing.registry``), unless
 the server's settings name them. Those families pick the output parsers of every choice and
 the shape of the grammar that forces a tool call.
+
+Unlike Hugging Face's ``apply_chat_template``, what clients send is tokenized as text: a
+control token's text in a message, a tool's schema or a template variable (``<|im_end|>``)
+never becomes that token, so no message can close its turn and forge another. Only the
+template's own markup is parsed (``Literal``, ``Tokenizer.encode_literal``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 from podium.conversation import Conversation, Message, Options, ResponseFormat
 from podium.dialect.base import Prompt
-from podium.engine.base import SamplingParams, Tokenizer
+from podium.engine.base import SamplingParams, Tokenizer, any_of
 from podium.errors import InvalidRequestError
 from podium.grammar import json_object_grammar, schema_grammar, tool_call_grammar
 from podium.parsing.pipeline import OutputParser
@@ -22,7 +27,7 @@ from podium.parsing.registry import (build_reasoning_parser, build_tool_parser,
 from podium.parsing.tools.base import ToolSet
 from podium.settings import Settings
 from podium.text.pipeline import TextPipeline, TextStream
-from podium.text.template import ChatTemplate
+from podium.text.template import ChatTemplate, Literal
 
 # Used only when a model file carries no template of its own.
 FALLBACK_TEMPLATE = (
@@ -41,6 +46,7 @@ class TemplateDialect:
         self.tool_family = tool_family
         self.reasoning_family = reasoning_family
         self._allow_request_template = allow_request_template
+        self._controls = any_of(tokenizer.control_texts)
 
     @classmethod
     def for_model(cls, tokenizer: Tokenizer, template: str | None,
@@ -69,10 +75,16 @@ class TemplateDialect:
             tools = [{"type": "function", "function": _function(t.name, t.description,
                                                                    t.parameters)}
                      for t in options.tools]
-        text = template.render(template_messages(conversation), tools=tools,
-                               add_generation_prompt=options.add_generation_prompt,
-                               extra=options.chat_template_kwargs)
-        return Prompt(self._tokenizer.encode(text, add_special=True), text)
+        literal = Literal(self._controls)
+        messages, tools, extra = literal.protect(
+            [template_messages(conversation), tools, options.chat_template_kwargs],
+            taken=template.source)
+        text = template.render(messages, tools=tools,
+                               add_generation_prompt=options.add_generation_prompt, extra=extra)
+        if not literal.mapping:
+            return Prompt(self._tokenizer.encode(text, add_special=True), text)
+        return Prompt(self._tokenizer.encode_literal(text, literal.mapping),
+                      literal.restore(text))
 
     # -- constraint ---------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ within the ``Capabilities`` it declares.
 
 from __future__ import annotations
 
+import re
 from array import array
-from collections.abc import AsyncIterator, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -81,10 +82,42 @@ class Tokenizer(Protocol):
     bos_token: str
     eos_token: str
     eos_token_ids: frozenset[int]
+    # the texts of the control tokens (end of turn, start of turn ...): special-token markup
+    # that plain text never becomes, so client text holding one must not be read as it
+    control_texts: frozenset[str]
 
-    def encode(self, text: str, *, add_special: bool = True) -> list[int]: ...
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Token ids for ``text``, special-token markup in it parsed (a raw prompt)."""
+    def encode_literal(self, text: str, literal: Mapping[str, str]) -> list[int]:
+        """``encode(text)`` of a rendered chat prompt in which each key of ``literal`` (a
+        character no client string held) stands for its value, a control token's text a
+        client sent: tokenized as text, as if the client's text were alone, never as the token."""
     def piece(self, token_id: int) -> bytes: ...
     def decode(self, token_ids: list[int]) -> str: ...
+
+
+def any_of(texts: Iterable[str]) -> re.Pattern[str]:
+    """A pattern finding any of ``texts``, the longest where several start at one place,
+    as its one group (``split`` keeps what it finds). Built as a trie (one branch per next
+    character), so that Gemma's 6,000 control tokens cost about what a few do: a plain
+    alternation tries each at every ``<``."""
+    trie: dict[str, dict] = {}
+    for text in texts:
+        node = trie
+        for char in text:
+            node = node.setdefault(char, {})
+        node[""] = {}
+    return re.compile("(" + (_branches(trie) or "(?!)") + ")")
+
+
+def _branches(node: dict[str, dict]) -> str:
+    parts = [re.escape(char) + _branches(child) for char, child in sorted(node.items()) if char]
+    if not parts:
+        return ""
+    body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+    if "" in node:                      # a text ends here: longer ones first, greedily
+        return body + "?" if len(parts) == 1 and len(parts[0]) == 1 else f"(?:{body})?"
+    return body
 
 
 @dataclass(slots=True)

@@ -23,6 +23,10 @@ bounded while it runs (``TemplateLimits``); crossing a bound is a 400 naming it:
 ``lipsum`` and ``pprint`` are left out: no chat template uses them and neither is cheap to bound.
 A render holds no state outside its own ``_Budget`` (a context variable), so renders may run
 concurrently on worker threads; the compiled templates they share are immutable.
+
+What the template gets from a request is text, never markup: ``Literal`` puts a placeholder
+in place of each control token's text in the request's strings before the render, so the
+template cannot act on it and the tokenizer reads it back as text (``encode_literal``).
 """
 
 from __future__ import annotations
@@ -319,6 +323,9 @@ _METHOD_ITEMS: dict[str, Callable[..., int]] = {
     "split": _split_items, "rsplit": _split_items, "splitlines": _splitlines_items}
 
 
+_JINJA_KWARGS = frozenset({"_loop_vars", "_block_vars"})
+
+
 def _check_method(method: Any, args: tuple, kwargs: dict, limits: TemplateLimits) -> tuple:
     """Size arguments of str, bytes and int methods (``center``, ``zfill``, ``to_bytes``...)
     cannot exceed the value limit, and the amplifying methods are sized before they run.
@@ -329,6 +336,8 @@ def _check_method(method: Any, args: tuple, kwargs: dict, limits: TemplateLimits
     name, text = method.__name__, method.__self__
     if not isinstance(text, (str, bytes)):
         return args
+    # Jinja adds its own keywords to a call inside a loop or block (its context drops them)
+    kwargs = {k: v for k, v in kwargs.items() if k not in _JINJA_KWARGS}
     if name == "join" and args and not isinstance(args[0], abc.Sized):
         args = (list(args[0]), *args[1:])
     if name in _METHOD_SIZES:
@@ -679,6 +688,7 @@ class ChatTemplate:
             # nesting Python's compiler or Jinja's parser cannot take; too long a number
             raise InvalidRequestError(f"Invalid chat template: {_clip(exc)}",
                                       param="chat_template") from exc
+        self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._param = "chat_template" if from_request else "messages"
@@ -715,3 +725,103 @@ class ChatTemplate:
             return "".join(out)
         finally:
             chunks.close()  # type: ignore[attr-defined]
+
+
+# Placeholders: supplementary private use areas A and B, without their last two code points
+# (noncharacters). No tokenizer gives them a meaning, and no chat template names them.
+_PLACEHOLDERS = (range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
+
+
+class Literal:
+    """Control-token texts (``<|im_end|>``, ``<start_of_turn>``...) in a request's strings
+    kept from the template: each becomes a placeholder character that no string of the
+    request (nor the template) holds, before the render; ``mapping`` gives each placeholder,
+    and its JSON escape (a template's ``tojson(ensure_ascii=True)``), back as its text.
+
+    ``find`` is the pattern of the model's control-token texts. Costs one regex scan of the
+    request's strings (no copy) when none holds one, the usual case.
+    """
+
+    def __init__(self, find: re.Pattern[str]):
+        self._find = find
+        self.mapping: dict[str, str] = {}
+        self._assigned: dict[str, str] = {}     # text -> placeholder
+        self._free_chars = (chr(c) for area in _PLACEHOLDERS for c in area)
+        self._avoid = ""
+
+    def protect(self, values: list[Any], taken: str = "") -> list[Any]:
+        """``values`` (messages, tools, template variables: any nesting of dicts, lists and
+        strings) with placeholders in their strings; ``values`` itself if none needs one.
+        ``taken``: text, beside the strings, that placeholders must not be (the template).
+        Only the items (of a list in ``values``) holding a control token's text are copied."""
+        strings: list[str] = []
+        hits = []
+        for i, value in enumerate(values):
+            for j, item in enumerate(value if isinstance(value, list) else [value]):
+                mine: list[str] = []
+                _strings(item, mine)
+                strings += mine
+                if any(map(self._find.search, mine)):
+                    hits.append((i, j))
+        if not hits:
+            return values
+        self._avoid = "".join(strings) + taken
+        out = [list(value) if isinstance(value, list) else value for value in values]
+        for i, j in hits:
+            if isinstance(values[i], list):
+                out[i][j] = _rebuild(values[i][j], self._sub)
+            else:
+                out[i] = _rebuild(values[i], self._sub)
+        return out
+
+    def _sub(self, text: str) -> str:
+        return self._find.sub(self._placeholder, text)
+
+    def _placeholder(self, match: re.Match[str]) -> str:
+        text = match.group()
+        char = self._assigned.get(text)
+        if char is None:
+            char = self._assigned[text] = self._free()
+            self.mapping[char] = text
+            self.mapping[_escaped(char)] = _escaped(text)
+        return char
+
+    def _free(self) -> str:
+        for char in self._free_chars:
+            if char not in self._avoid and _escaped(char) not in self._avoid:
+                return char
+        raise InvalidRequestError("The request's text uses every private-use character; it "
+                                  "cannot be told from the chat template's markup",
+                                  param="messages")
+
+    def restore(self, text: str) -> str:
+        """``text`` with every placeholder given back as its text."""
+        for key, value in self.mapping.items():   # no key holds another, no value a key
+            text = text.replace(key, value)
+        return text
+
+
+def _escaped(text: str) -> str:
+    return json.dumps(text)[1:-1]
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _strings(key, out)
+            _strings(item, out)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _strings(item, out)
+
+
+def _rebuild(value: Any, sub: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return sub(value)
+    if isinstance(value, dict):
+        return {_rebuild(key, sub): _rebuild(item, sub) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuild(item, sub) for item in value)
+    return value

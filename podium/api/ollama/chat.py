@@ -17,8 +17,10 @@ for ``raw`` and ``suffix``, as a prompt of tokens), rendered by ``render.ollama`
   the request to that many tokens (a prompt that alone fills them is a 400 naming
   ``options.num_ctx``; Podium never cuts a prompt); a model is served at the context it was
   loaded with, so a larger ``num_ctx`` gives no more than that.
-- generate: ``system`` and ``prompt`` are a conversation's system and user turns; ``raw``
-  sends the prompt as it is (no template, no output parsers); ``suffix`` asks for the middle
+- generate: ``system`` and ``prompt`` are a conversation's system and user turns (their
+  text read as text, as every chat message's); ``raw`` sends the prompt as it is (no
+  template, no output parsers: special-token markup in it is parsed as those tokens, the
+  model's own format); ``suffix`` asks for the middle
   between ``prompt`` and ``suffix`` in the model's fill-in-the-middle tokens
   (``<|fim_prefix|>``, ``<|fim_suffix|>``, ``<|fim_middle|>``; a model without them: 400), the
   system prompt left out as Ollama's fill-in-the-middle templates leave it. ``template``,

@@ -15,10 +15,11 @@ import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import llama_cpp
 
+from podium.engine.base import any_of
 from podium.errors import ModelFilesError
 
 log = logging.getLogger("podium.llamacpp")
@@ -245,7 +246,13 @@ _SCANS: "OrderedDict[tuple, tuple[frozenset[int], dict[str, int]]]" = OrderedDic
 
 
 class LlamaTokenizer:
-    """The model's own tokenizer, from its GGUF vocabulary."""
+    """The model's own tokenizer, from its GGUF vocabulary.
+
+    ``encode`` parses special-token markup anywhere (a raw prompt is the model's own format);
+    ``encode_literal`` parses only the markup a chat template wrote, and tokenizes a control
+    token's text that a client sent as the text it is (llama.cpp's ``parse_special`` off:
+    user-defined tokens such as ``<tool_call>`` are still found, as Hugging Face finds them).
+    """
 
     def __init__(self, model: LlamaModel):
         self._model = model          # the vocabulary lives inside the model: keep it alive
@@ -256,15 +263,29 @@ class LlamaTokenizer:
         self.bos_token = self._text(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_token = self._text(llama_cpp.llama_vocab_eos(self._vocab))
         self.eos_token_ids, self._specials = self._scan(model.path)
+        self.control_texts = self._controls()
         self._bos_id = llama_cpp.llama_vocab_bos(self._vocab)
         self._segments = Segments.for_vocab(self) if (
             llama_cpp.llama_vocab_type(self._vocab) == llama_cpp.LLAMA_VOCAB_TYPE_BPE
             and not llama_cpp.llama_vocab_get_add_eos(self._vocab)) else None
+        self._cut: re.Pattern[str] | None = None     # for encode_literal without segments
 
     def specials(self) -> dict[str, int]:
         """The tokens llama.cpp finds in text as special (control, user-defined, unknown),
         by their text, and whether any strips the blanks beside it (``""`` maps to -1)."""
         return dict(self._specials)
+
+    def _controls(self) -> frozenset[str]:
+        """The specials llama.cpp does not find in text with ``parse_special`` off: control
+        and unknown tokens (a text that strips blanks or is shared: what it parses as)."""
+        kinds = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        out = set()
+        for text, token in self._specials.items():
+            ids = [token] if token >= 0 else self._tokenize(text)
+            if text and len(ids) == 1 and llama_cpp.llama_vocab_get_attr(self._vocab,
+                                                                         ids[0]) & kinds:
+                out.add(text)
+        return frozenset(out)
 
     def _scan(self, path: Path) -> tuple[frozenset[int], dict[str, int]]:
         """The end-of-generation ids and the specials: one pass over the vocabulary (two C
@@ -314,18 +335,55 @@ class LlamaTokenizer:
             return [self._bos_id, *ids] if add_bos else ids
         return self._tokenize(text, add_bos)
 
-    def _tokenize(self, text: str, add_bos: bool = False) -> list[int]:
-        """llama.cpp's tokenizer on the whole of ``text``."""
+    def encode_literal(self, text: str, literal: Mapping[str, str]) -> list[int]:
+        """``encode(text)``, each key of ``literal`` standing for a control token's text that
+        a client sent: the piece between two of the template's special tokens that holds one
+        is tokenized, its text restored, with ``parse_special`` off. llama.cpp tokenizes the
+        pieces between special tokens each on its own anyway, so these are the ids of the
+        client's text as text, and a prompt without keys is ``encode``'s, id for id."""
+        if not any(key in text for key in literal):
+            return self.encode(text)
+        restore = _restorer(literal)
+        add_bos = self._add_bos and not (self.bos_token and text.startswith(self.bos_token))
+        if self._segments is not None:
+            ids = self._segments.encode(text, restore)
+        else:
+            ids = self._by_pieces(text, restore)
+        return [self._bos_id, *ids] if add_bos else ids
+
+    def _by_pieces(self, text: str, restore: Callable[[str], tuple[str, int]]) -> list[int]:
+        """``encode_literal`` without segments: the stretches between pieces holding keys
+        go to llama.cpp whole (each starts or ends at a special token, as the pieces do)."""
+        if self._cut is None:
+            self._cut = any_of(t for t in self._specials if t)
+        ids: list[int] = []
+        pending: list[str] = []
+        for i, part in enumerate(self._cut.split(text)):    # text, special, ..., text
+            if i % 2 == 0 and part:
+                plain, found = restore(part)
+                if found:
+                    ids += self._tokenize("".join(pending)) + self._tokenize(plain, special=False)
+                    pending = []
+                    continue
+            pending.append(part)
+        return ids + self._tokenize("".join(pending))
+
+    def _tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        """llama.cpp's tokenizer on the whole of ``text`` (``special``: markup parsed)."""
         data = text.encode("utf-8", "replace")  # lone surrogates cannot reach C
         capacity = len(data) + 8
         buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, True)
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos,
+                                     special)
         if n < 0:
             capacity = -n
             buf = (llama_cpp.llama_token * capacity)()
             n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos,
-                                         True)
+                                         special)
         return list(buf[:n])
+
+    def _plain(self, text: str) -> list[int]:
+        return self._tokenize(text, special=False)
 
     def piece(self, token_id: int) -> bytes:
         """The bytes a token stands for; control tokens (end of turn ...) render as nothing."""
@@ -359,16 +417,22 @@ class Segments:
     machine: most of preparing a request). Used only where the cut is unambiguous: no
     special token strips the blanks beside it, none is empty or shares its text, and no two
     can overlap in a text (then every way of finding them finds the same places).
+
+    A piece that holds a client's control-token text (``encode_literal``) is tokenized with
+    specials off and remembered by its restored text: no other piece holds a special
+    token's text, and where a text holds no control token's both ways give the same ids.
     """
 
     MAX_SPECIALS = 1024             # the overlap check is quadratic: a bigger set goes without
     LIMIT_CHARS = 4_000_000         # text remembered (ids beside it); the oldest go first
 
-    def __init__(self, specials: dict[str, int], tokenize: Callable[[str], list[int]]):
+    def __init__(self, specials: dict[str, int], tokenize: Callable[[str], list[int]],
+                 plain: Callable[[str], list[int]] | None = None):
         self._specials = specials
         self._cut = re.compile("(" + "|".join(
             re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
         self._tokenize = tokenize
+        self._plain = plain or tokenize
         self._table: dict[str, tuple[int, ...]] = {}
         self._chars = 0
         self._lock = threading.Lock()
@@ -378,18 +442,25 @@ class Segments:
         specials = tokenizer.specials()
         if not specials or not unambiguous(specials, cls.MAX_SPECIALS):
             return None
-        return cls(specials, tokenizer._tokenize)
+        return cls(specials, tokenizer._tokenize, tokenizer._plain)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str,
+               restore: Callable[[str], tuple[str, int]] | None = None) -> list[int]:
+        """``text``'s ids; ``restore`` gives a piece's client text back (and how many
+        control-token texts it put back: a piece with any is tokenized with specials off)."""
         ids: list[int] = []
         table = self._table
         for i, part in enumerate(self._cut.split(text)):  # text, special, text, ..., text
             if i % 2:
                 ids.append(self._specials[part])
             elif part:
+                tokenize = self._tokenize
+                if restore is not None:
+                    part, found = restore(part)
+                    tokenize = self._plain if found else tokenize
                 known = table.get(part)
                 if known is None:
-                    known = tuple(self._tokenize(part))
+                    known = tuple(tokenize(part))
                     self._remember(part, known)
                 ids += known
         return ids
@@ -406,6 +477,18 @@ class Segments:
             if part not in table:
                 table[part] = ids
                 self._chars += len(part)
+
+
+def _restorer(literal: Mapping[str, str]) -> Callable[[str], tuple[str, int]]:
+    """A function giving a piece with ``literal``'s keys put back as their texts, and how
+    many it put back."""
+    pattern = re.compile("|".join(map(re.escape, sorted(literal, key=len, reverse=True))))
+
+    def restore(piece: str) -> tuple[str, int]:
+        if pattern.search(piece) is None:       # most pieces: no copy, no callback
+            return piece, 0
+        return pattern.subn(lambda match: literal[match.group()], piece)
+    return restore
 
 
 def unambiguous(specials: dict[str, int], limit: int) -> bool:

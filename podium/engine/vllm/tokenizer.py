@@ -6,9 +6,12 @@ folder, so both sides agree on every id)."""
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+from podium.engine.base import any_of
 
 
 @lru_cache(maxsize=1)
@@ -29,7 +32,14 @@ def _byte_decoder() -> dict[str, int]:
 class HfTokenizer:
     """encode / piece / decode over ``transformers``' fast tokenizer. Control tokens (the
     special ones: end of turn ...) render as nothing, as with the GGUF vocabulary; added
-    tokens that are not special (``<tool_call>``) render as their text."""
+    tokens that are not special (``<tool_call>``) render as their text.
+
+    ``encode`` parses every added token's text (a raw prompt); ``encode_literal`` tokenizes a
+    special one's text that a client sent as text (``split_special_tokens``), as llama.cpp
+    does with ``parse_special`` off. Its pieces are tokenized one call each: exact where the
+    tokenizer handles the text between added tokens piece by piece anyway (byte-level BPE:
+    Qwen, Llama 3...); a Metaspace tokenizer that puts its "▁" only at the start of a text
+    would put one before a client's piece too."""
 
     def __init__(self, tokenizer: Any, eos_token_ids: frozenset[int]):
         self._tok = tokenizer
@@ -41,6 +51,9 @@ class HfTokenizer:
         added = tokenizer.added_tokens_decoder          # id -> AddedToken
         self._control = {i for i, t in added.items() if t.special} | set(eos_token_ids)
         self._added = {i: t.content for i, t in added.items() if not t.special}
+        self.control_texts = frozenset(t.content for t in added.values()
+                                       if t.special and t.content)
+        self._cut: re.Pattern[str] | None = None
         self._byte_level = "ByteLevel" in json.dumps(
             json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {})
         self._pieces: dict[int, bytes] = {}
@@ -66,6 +79,39 @@ class HfTokenizer:
         if add_special and bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
             ids = ids[1:]               # the text began with the BOS token itself
         return ids
+
+    def encode_literal(self, text: str, literal: Mapping[str, str]) -> list[int]:
+        """``encode(text)``, each key of ``literal`` standing for a special token's text a
+        client sent: a piece between added tokens that holds one goes to the tokenizer alone,
+        its text restored, special tokens split; the stretches between such pieces go whole."""
+        if not any(key in text for key in literal):
+            return self.encode(text)
+        if self._cut is None:
+            self._cut = any_of(t.content for t in self._tok.added_tokens_decoder.values()
+                               if t.content)
+        keys = re.compile("|".join(map(re.escape, sorted(literal, key=len, reverse=True))))
+        ids, pending = self._head(text), list[str]()
+        for i, part in enumerate(self._cut.split(text)):    # text, added token, ..., text
+            if i % 2 == 0 and part:
+                plain, found = keys.subn(lambda m: literal[m.group()], part)
+                if found:
+                    ids += self._plain("".join(pending)) + self._plain(plain, split=True)
+                    pending = []
+                    continue
+            pending.append(part)
+        return ids + self._plain("".join(pending))
+
+    def _head(self, text: str) -> list[int]:
+        """What ``encode`` puts before a text (the BOS), unless the text begins with it."""
+        head = self._tok.encode("", add_special_tokens=True)
+        bos = self._tok.bos_token_id
+        return [] if bos is not None and head[:1] == [bos] and self.bos_token and \
+            text.startswith(self.bos_token) else head
+
+    def _plain(self, text: str, split: bool = False) -> list[int]:
+        if not text:
+            return []
+        return self._tok.encode(text, add_special_tokens=False, split_special_tokens=split)
 
     def pair_layout(self) -> tuple[list[int], list[int], list[int], int | None]:
         """How the tokenizer joins a pair of texts (a cross-encoder's query and document):
