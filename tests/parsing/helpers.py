@@ -19,6 +19,12 @@ SCHEMAS = {
                                                     "content": {"type": "string"},
                                                     "mode": {"type": "object"},
                                                     "force": {"type": "boolean"}}},
+    # object and array parameters typed three ways: a type, anyOf (pydantic's Optional),
+    # no type but what the schema holds (properties)
+    "plot": {"type": "object", "properties": {
+        "points": {"type": "array"},
+        "style": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        "opts": {"properties": {"log": {"type": "boolean"}}}}},
 }
 
 

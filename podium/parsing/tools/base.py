@@ -8,8 +8,10 @@ how many characters they used (0 is fine after a change of state), or None to wa
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import math
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -50,8 +52,26 @@ class ToolSet:
         return bool(name) and name in self.schemas
 
     def param_type(self, function: str, param: str) -> Any:
-        props = (self.schemas.get(function) or {}).get("properties") or {}
-        return (props.get(param) or {}).get("type")
+        props = _field(self.schemas.get(function), "properties")
+        return schema_type(_field(props, param))
+
+
+def schema_type(schema: dict[str, Any]) -> Any:
+    """A parameter schema's ``type``; without one, what the schema says all the same: an
+    object (``properties``), an array (``items``), or the types of its ``anyOf`` /
+    ``oneOf`` (``Optional[dict]`` in pydantic's schemas), as a list."""
+    kind = schema.get("type")
+    if kind is not None:
+        return kind
+    if "properties" in schema:
+        return "object"
+    if "items" in schema:
+        return "array"
+    options = schema.get("anyOf") or schema.get("oneOf")
+    kinds = [schema_type(s) for s in options if isinstance(s, dict)] \
+        if isinstance(options, list) else []
+    flat = [k for kind in kinds for k in (kind if isinstance(kind, list) else [kind]) if k]
+    return flat or None
 
 
 class ToolParser:
@@ -585,17 +605,67 @@ class _OpenCall:
     hold: str = ""          # accepted text not passed on yet (see ToolParser._append)
 
 
+def _field(schema: Any, key: str) -> dict[str, Any]:
+    """``schema[key]`` if both are objects (a schema may be ``true``, or malformed), else {}."""
+    value = schema.get(key) if isinstance(schema, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
 def double_decoded(value: Any, kind: Any) -> Any:
     """A value the schema types as an object or array, written as a JSON string holding
-    it (double-encoded): the value it holds; anything else as it is."""
-    if not isinstance(value, str) or kind not in ("object", "array"):
+    it (double-encoded, or a Python literal in the string): the value it holds; anything
+    else as it is."""
+    wanted = _containers(kind)
+    if not isinstance(value, str) or not wanted:
         return value
     try:
         inner = json.loads(value)
     except ValueError:
-        return value
-    wanted = dict if kind == "object" else list
+        inner = python_container(value, kind)
     return inner if isinstance(inner, wanted) else value
+
+
+# ``ast.literal_eval`` builds a syntax tree many times its text's size (and the text was
+# the model's): longer Python literals stay text
+PY_LITERAL_LIMIT = 100_000
+
+
+def python_container(text: str, kind: Any) -> Any:
+    """A value the schema types as an object or array, written as a Python literal where
+    JSON failed (``{'a': 1, 'b': True}``, ``[1, 'x', None]``): the JSON value it means, or
+    None. Bounded: literals only (``ast.literal_eval`` runs no code), at most
+    ``PY_LITERAL_LIMIT`` characters, and only what JSON holds (a tuple is a list; a set,
+    bytes, a complex number, an infinity or a non-string key: None)."""
+    wanted = _containers(kind)
+    text = text.strip()
+    if not wanted or len(text) > PY_LITERAL_LIMIT or text[:1] not in "{[(":
+        return None
+    try:
+        value = _jsonable(ast.literal_eval(text))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, wanted) else None
+
+
+def _containers(kind: Any) -> tuple[type, ...]:
+    """The Python types of the containers a schema type names (``object``, ``array``)."""
+    kinds = kind if isinstance(kind, list) else [kind]
+    return tuple(t for k, t in (("object", dict), ("array", list)) if k in kinds)
+
+
+def _jsonable(value: Any) -> Any:
+    """A Python literal's value as JSON's (raises ValueError where JSON has none)."""
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise ValueError("a key that is no string")
+        return {k: _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    raise ValueError(f"no JSON value: {type(value).__name__}")
 
 
 def cut_markup(tail: str) -> bool:

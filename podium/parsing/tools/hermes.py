@@ -20,6 +20,11 @@ What a ``<tool_call>`` opens (docs/parsing.md, "Malformed model output"):
 ``<tool_call>`` written twice is read once; a ``</tool_call>`` out of place is dropped; a
 second call object right after the first, inside the same block (``</tool_call><tool_call>``
 left out between them), is a second call.
+
+Qwen3-Coder's function block (``<function=NAME><parameter=KEY>...``), as Qwen3-Coder models
+and some Qwen3 fine-tunes write under this template, is read as the Qwen3-Coder family reads
+it (``XmlFunctionCalls``): inside ``<tool_call>`` like a call object; without it, only when a
+parameter or ``</function>`` follows the name (prose may mention the tag).
 """
 
 from __future__ import annotations
@@ -27,21 +32,22 @@ from __future__ import annotations
 import re
 
 from podium.parsing.scan import JsonValue, Markers
-from podium.parsing.tools.base import ToolParser, ToolSet
+from podium.parsing.tools.base import ToolSet
+from podium.parsing.tools.xml import XmlFunctionCalls
 
 _WS = " \t\r\n"
 NAME_CHARS = re.compile(r"[\w.:\-\"']*")     # a bare tool name (quotes stripped later)
 NAME_LIMIT = 200
 
 
-class HermesParser(ToolParser):
-    OPEN, CLOSE = "<tool_call>", "</tool_call>"
-    MARKUP = (OPEN, CLOSE)
+class HermesParser(XmlFunctionCalls):
+    MARKUP = (XmlFunctionCalls.OPEN, XmlFunctionCalls.CLOSE)
     LANE_STATE, LANE_GUARD = "call", "<"   # _s_call without "<": call_object(buf) alone
 
     def __init__(self, tools: ToolSet):
         super().__init__(tools)
-        self._text_marks = Markers(*self.MARKUP)
+        self._text_marks = Markers(*self.MARKUP, self.FUNCTION)
+        self._block_marks = Markers(*self.MARKUP)
         self._state = "text"
         self._raw: list[str] = []   # the call object's text until it names its tool (to
                                     # skip it if it names none; pieces: it can be 400 KB)
@@ -59,10 +65,30 @@ class HermesParser(ToolParser):
         return getattr(self, "_s_" + self._state)(buf)
 
     def _s_text(self, buf: str) -> int | None:
-        used, marker = self.scan_text(buf, self._text_marks, (self.OPEN,))
-        if marker is not None:
+        used, marker = self.scan_text(buf, self._text_marks, (self.OPEN, self.FUNCTION))
+        if marker == self.OPEN:
             self._state = "open"
+        elif marker == self.FUNCTION:           # a call, if a parameter follows its name
+            self._state, self._fn_bare = "function", True
+            self.push_back(marker)
         return used
+
+    def _not_a_function(self, buf: str) -> int:
+        """Prose: the tag is no markup of this family; content (the ``<tool_call>`` that
+        opened it goes)."""
+        if not self._fn_bare:
+            self.stray(self.OPEN)
+        self.text(self.FUNCTION)
+        self._state = "text"
+        return len(self.FUNCTION)
+
+    def _function_ended(self, tag: str | None) -> None:
+        if tag is None:
+            self._state = "text"
+        elif tag == self.OPEN:
+            self._state = "open"
+        else:
+            self._state, self._closed = "after", tag == self.CLOSE
 
     def _s_open(self, buf: str) -> int | None:
         """Just after ``<tool_call>``: what kind of block is this?"""
@@ -83,6 +109,12 @@ class HermesParser(ToolParser):
             self.start_call_object()
             self._state = "call"
             return 0
+        if buf.startswith(self.FUNCTION):       # Qwen3-Coder's form of a call
+            self.take_blanks()
+            self._state, self._fn_bare = "function", False
+            return 0
+        if self.FUNCTION.startswith(buf):
+            return None
         if NAME_CHARS.match(buf).end():          # type: ignore[union-attr]
             self._name, self._state = [self.take_blanks()], "name"
             self._name_ended = False
@@ -191,8 +223,8 @@ class HermesParser(ToolParser):
 
     def _s_junk(self, buf: str) -> int | None:
         """What follows a call whose JSON broke, up to ``</tool_call>``: dropped."""
-        pos, marker = self._text_marks.find(buf)
-        end = pos if marker is not None else len(buf) - self._text_marks.held(buf)
+        pos, marker = self._block_marks.find(buf)
+        end = pos if marker is not None else len(buf) - self._block_marks.held(buf)
         if not self._junk_logged and buf[:end].strip(_WS):
             self._junk_logged = True            # once per call: it comes in many deltas
             junk = buf[:end].strip(_WS)
@@ -239,6 +271,13 @@ class HermesParser(ToolParser):
                 self.stray(self.CLOSE)
             self._closed = True
             return len(self.CLOSE)
+        for tag in (self.FUNCTION_END, self.PARAM_END):     # a function block's, doubled
+            if buf.startswith(tag):
+                self.take_blanks()
+                self.stray(tag, "tool call")
+                return len(tag)
+            if tag.startswith(buf):
+                return None
         gap, self._state = self.take_blanks(), "text"
         self.text(gap)
         return 0
@@ -247,6 +286,8 @@ class HermesParser(ToolParser):
         state = self._state
         if state == "text":
             self.text(rest)
+        elif self._function_finish(rest):
+            pass
         elif state == "name":
             name = ("".join(self._name) + rest).strip(_WS + "\"'")
             if NAME_CHARS.fullmatch(name) and self.tools.allows(name):
