@@ -165,7 +165,7 @@ CLASSES: dict[str, list[tuple[str, str, str, list]]] = {
 @pytest.mark.parametrize("family, text, content, calls", [
     pytest.param(*case, id=f"{kind[:24]}-{case[0]}-{i}")
     for kind, cases in CLASSES.items() for i, case in enumerate(cases)])
-def test_round_three_output(family, text, content, calls):
+def test_recovered_form(family, text, content, calls):
     out = _parse_in_time(family, text)
     assert (out.content, out.calls) == (content, calls)
     assert out.finish == ("tool_calls" if calls else "stop")
