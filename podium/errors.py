@@ -8,12 +8,15 @@ Every error a client can see is one of these, raised where it is found and turne
     ├── InvalidRequestError          400 invalid_request_error
     │   └── ContextLengthExceeded    400 invalid_request_error / context_length_exceeded
     ├── AuthenticationError          401 invalid_request_error / invalid_api_key
+    ├── PermissionDenied             403 permission_error / admin_key_required
     ├── NotFoundError                404 invalid_request_error
     │   └── ModelNotFound            404 invalid_request_error / model_not_found
     ├── PayloadTooLarge              413 invalid_request_error / payload_too_large
     ├── RateLimited                  429 rate_limit_error / rate_limit_exceeded (Retry-After)
     │   └── Overloaded               429 the engine's queue is full (Anthropic: 529)
     ├── EngineError                  500 server_error (the engine failed mid-request)
+    ├── ModelUnloaded                503 server_error / model_unloaded (its engine closed
+    │                                    under a running request: an operator's unload)
     ├── StoreUnavailable             503 server_error / store_unavailable (full, unreachable)
     └── ModelFilesError              (start-up only: the model file cannot be had)
 """
@@ -67,6 +70,15 @@ class AuthenticationError(PodiumError):
     default_code = "invalid_api_key"
 
 
+class PermissionDenied(PodiumError):
+    """The request's key is valid but may not do this (403): loading and unloading models is
+    the operator's, so with keys configured it takes an admin key (``--admin-key``)."""
+
+    status_code = 403
+    error_type = "permission_error"
+    default_code = "admin_key_required"
+
+
 class NotFoundError(PodiumError):
     """The route or object does not exist (404)."""
 
@@ -107,6 +119,16 @@ class Overloaded(RateLimited):
 
 class EngineError(PodiumError):
     """The inference engine failed while serving a request (500)."""
+
+
+class ModelUnloaded(PodiumError):
+    """The model's engine ended a request it had not finished (503): the model was unloaded
+    under it (its operator's unload, once the grace period was over). Said to the client in
+    the API's own shape, in-band after a stream's first byte, never as a finish reason: the
+    request may simply be sent again (its model loads anew)."""
+
+    status_code = 503
+    default_code = "model_unloaded"
 
 
 class StoreUnavailable(PodiumError):

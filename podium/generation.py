@@ -25,7 +25,7 @@ from podium import telemetry
 from podium.conversation import Conversation, Options
 from podium.dialect import Dialect
 from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
-from podium.errors import ContextLengthExceeded, InvalidRequestError
+from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelUnloaded
 from podium.grammar import check_strict
 from podium.parsing.events import Usage
 from podium.render.base import Folding, Renderer
@@ -251,6 +251,16 @@ async def _merged(streams: list[AsyncGenerator[Any, None]], renderer: Renderer,
             yield obj
 
 
+def cut_short(engine: Engine) -> ModelUnloaded:
+    """What the client of a choice the engine aborted is told. The driver's own abort (the
+    consumer stopped) is never read back, so an ``abort`` it reads came from outside the
+    request: the engine closed under it, when its model was unloaded past the grace period.
+    "abort" is no finish reason of any API: the request ends with this error instead, in
+    the API's own shape (in-band once a stream has begun; a 503 before)."""
+    return ModelUnloaded(f"The model '{engine.info.served_name}' was unloaded before this "
+                         f"request finished; send it again to have the model loaded anew")
+
+
 def _uncounted(count: int) -> None:
     """A request without a telemetry record (a service called directly) counts nothing."""
 
@@ -300,6 +310,8 @@ async def _run_choice(engine: Engine, index: int, choice: Choice, renderer: Rend
                     out = await step()
                 except StopAsyncIteration:
                     break
+            if out.finish_reason == "abort":
+                raise cut_short(engine)
             if out.token_ids:
                 count(len(out.token_ids))
             for event in feed(out):

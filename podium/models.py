@@ -17,11 +17,15 @@ unloaded; it knows a model only as what ``load`` returns and its ``aclose`` free
   A request may set it for its model (``keep_alive``, Ollama's per-request value): the last
   one given counts from the moment the model next goes idle, until the model unloads; 0
   unloads it as soon as no request holds it. A pinned model has no idle deadline: only a 0
-  (an explicit unload, like ``unload``) changes anything for it. ``expires_at`` says when
-  an idle model is due to go.
+  (an explicit unload, like ``unload``) changes anything for it. A tenant's value (a
+  request whose key is not the operator's) is a hint that may keep a model longer, never
+  let it go sooner than its own keep-alive: its 0 unloads nothing. ``expires_at`` says
+  when an idle model is due to go.
 - **Unload** (``unload``, idle or eviction) stops admitting the model's requests, waits for
-  those inside to finish (up to ``grace`` seconds, then closes anyway: their streams end
-  with the engine's error), then closes its engine.
+  those inside to finish (up to ``grace`` seconds), then closes its engine: requests still
+  running then end with ``ModelUnloaded`` in their API's shape (``generation.cut_short``),
+  never a silent cut. Requests arriving meanwhile wait for the unload to end, then load the
+  model afresh; the wait is bounded by ``load_timeout`` (then 503 ``model_unavailable``).
 
 Each load and unload is one log line with its reason.
 """
@@ -233,12 +237,17 @@ class Models:
     async def load(self, name: str) -> None:
         await self._ensure(self.entry(name), "asked")
 
-    def keep_alive(self, name: str, seconds: float) -> None:
+    def keep_alive(self, name: str, seconds: float, *, tenant: bool = False) -> None:
         """A request's keep-alive for the model ``name``: once no request holds it, it is
         unloaded after ``seconds`` (``math.inf``: kept; 0: at once), counted from then (from
         now if it is idle already); it holds until the model unloads. A pinned model keeps
-        no idle deadline: only 0 counts for it."""
+        no idle deadline: only 0 counts for it. A ``tenant``'s (not the operator's) is at
+        least the model's own keep-alive: other keys' requests share the model, so a tenant
+        may keep it longer, never make it go sooner (its 0 is the model's own)."""
         entry = self.entry(name)
+        if tenant:
+            own = entry.config.keep_alive
+            seconds = max(seconds, math.inf if own is None else own)
         if entry.config.pinned and seconds != 0:
             return
         entry.keep = seconds
@@ -275,15 +284,29 @@ class Models:
     # -- loading --------------------------------------------------------------------------
 
     async def _ensure(self, entry: Entry, reason: str) -> Any:
-        while entry.state == "unloading":       # let it go first, then load it afresh
-            async with self._changed:
-                await self._changed.wait_for(lambda: entry.state != "unloading")
+        if entry.state == "unloading":          # let it go first, then load it afresh
+            await self._unloaded(entry)
         if entry.state == "loaded":
             return entry.engine
         if entry._loading is None:
             entry._loading = asyncio.ensure_future(self._do_load(entry, reason))
         # every waiter shares the one load; one waiter leaving does not cancel it
         return await asyncio.shield(entry._loading)
+
+    async def _unloaded(self, entry: Entry) -> None:
+        """Wait for the unload under way to end (its running requests have up to ``grace``
+        seconds), up to ``load_timeout``: then 503 ``model_unavailable``, not a wait as
+        long as the grace period and the engine's close."""
+        try:
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait_for(
+                    lambda: entry.state != "unloading"), self.load_timeout)
+        except asyncio.TimeoutError:
+            raise ModelUnavailable(
+                f"The model '{entry.name}' is being unloaded (its running requests have up "
+                f"to {self.grace:g} s to finish) and was not unloaded within the load "
+                f"timeout ({self.load_timeout:g} s); send the request again to load it "
+                f"anew") from None
 
     async def _do_load(self, entry: Entry, reason: str) -> Any:
         try:

@@ -66,6 +66,14 @@ class Settings:
     api_key: list[str] = _opt(
         (), "API key clients must send as a Bearer token; repeat for several. "
         "PODIUM_API_KEY takes a comma-separated list.", multiple=True)
+    admin_key: list[str] = _opt(
+        (), "API key of the server's operator: valid wherever an --api-key is (a tenant of "
+        "its own), and the only key that may load and unload models by hand (POST "
+        "/v1/models/{model}/load and /unload, Ollama's empty-prompt keep_alive 0); other "
+        "keys' Ollama keep_alive may keep a model longer, never unload it sooner than its "
+        "own keep-alive. With keys set and no admin key, nobody may; without any key, every "
+        "client may. Repeat for several; PODIUM_ADMIN_KEY takes a comma-separated list.",
+        multiple=True)
     cors_origins: list[str] = _opt(
         (), "Origins allowed by CORS ('*' for any); repeat for several.", multiple=True)
     max_body_bytes: int = _opt(8 * 1024 * 1024, "Largest request body accepted (413 beyond).")
@@ -310,6 +318,7 @@ class Settings:
         """The effective settings, safe to log: keys and passwords masked."""
         out = dataclasses.asdict(self)
         out["api_key"] = ["***"] * len(self.api_key)
+        out["admin_key"] = ["***"] * len(self.admin_key)
         out["secret_key"] = "***" if self.secret_key else None
         if self.store_url and "@" in self.store_url:
             scheme, _, rest = self.store_url.partition("://")

@@ -5,6 +5,7 @@ stand-ins that count their loads and closes (what ``Models`` needs of an engine 
 tests/engine."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -339,4 +340,53 @@ def test_a_model_loaded_for_waiting_requests_is_not_evicted_before_they_take_it(
             await m.load("a")
         assert b.state == "loaded"
         b.waiters -= 1
+    run(main())
+
+
+def test_a_request_arriving_during_an_unload_waits_at_most_the_load_timeout():
+    """An unload gives its running request the whole grace; a new request for the model
+    does not wait that long: after ``load_timeout`` it is a 503 saying why."""
+    async def main():
+        loader = Loader(seconds=0.01)
+        m = models(loader, grace=5, load_timeout=0.3)
+        release = asyncio.Event()
+
+        async def running():
+            async with m.use("a"):
+                await release.wait()
+        task = asyncio.ensure_future(running())
+        await asyncio.sleep(0.05)
+        unload = asyncio.ensure_future(m.unload("a"))
+        await asyncio.sleep(0.05)
+        assert m.entry("a").state == "unloading"
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ModelUnavailable) as caught:
+            await m.acquire("a")
+        waited = asyncio.get_running_loop().time() - started
+        assert 0.25 < waited < 2, waited
+        assert caught.value.status_code == 503 and "being unloaded" in caught.value.message
+        release.set()
+        await asyncio.gather(task, unload)
+        async with m.use("a") as engine:         # after the unload: loaded anew
+            assert engine is loader.engines[1]
+    run(main())
+
+
+def test_a_tenants_keep_alive_never_shortens_the_models_own():
+    """Keys share models: a tenant's 0 (or '1ms') leaves an idle model to its own keep-alive,
+    a longer value keeps it longer; the operator's 0 unloads it."""
+    async def main():
+        loader = Loader(seconds=0.01)
+        m = models(loader, ModelConfig("a", keep_alive=300))
+        await m.load("a")
+        entry = m.entry("a")
+        m.keep_alive("a", 0, tenant=True)
+        m.keep_alive("a", 0.001, tenant=True)
+        await asyncio.sleep(0.1)
+        assert entry.state == "loaded" and entry.keep == 300
+        m.keep_alive("a", 3600, tenant=True)
+        assert entry.keep == 3600 and m.expires_at(entry) > time.time() + 3000
+        m.keep_alive("a", 0)                     # the operator's word
+        await asyncio.sleep(0.1)
+        assert entry.state == "unloaded" and loader.engines[0].closed
     run(main())

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool
 
-from podium.api.ollama.keepalive import KeepAlive
+from podium.protocol.ollama_keepalive import KeepAlive
 from podium.protocol.chat import FunctionDefinition
 from podium.protocol.common import LENIENT
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from podium.api.ollama.keepalive import KeepAlive
+from podium.protocol.ollama_keepalive import KeepAlive
 from podium.protocol.common import LENIENT
 from podium.protocol.embeddings import MAX_INPUTS
 

@@ -21,7 +21,7 @@ from podium.protocol.chat import ChatCompletionRequest
 from podium.protocol.completions import CompletionRequest
 from podium.protocol.embeddings import EmbeddingsRequest
 from podium.protocol.responses import ResponsesRequest
-from podium.server.app import _ERRORS, _owner, check_kind, json_response
+from podium.server.edge import ERRORS, check_kind, json_response, owner_of
 from podium.server.errors import validation_body
 from podium.server.served import Served
 from podium.settings import Settings
@@ -139,27 +139,27 @@ def routes(app: FastAPI) -> None:
             "failed" if error else "completed").inc())
     app.state.batches = BatchesService(store, files, worker.poke)
 
-    @app.post("/v1/batches", responses=_ERRORS)
+    @app.post("/v1/batches", responses=ERRORS)
     async def create_batch(body: BatchCreateRequest, request: Request):
         """Create a batch from an uploaded ``.jsonl`` file (purpose ``batch``)."""
-        return json_response(await request.app.state.batches.create(body, _owner(request)))
+        return json_response(await request.app.state.batches.create(body, owner_of(request)))
 
-    @app.get("/v1/batches", responses=_ERRORS)
+    @app.get("/v1/batches", responses=ERRORS)
     async def list_batches(request: Request, after: str | None = None,
                            limit: int = Query(20, ge=1, le=100)):
-        return json_response(await request.app.state.batches.list(_owner(request), after,
+        return json_response(await request.app.state.batches.list(owner_of(request), after,
                                                                   limit))
 
-    @app.get("/v1/batches/{batch_id}", responses=_ERRORS)
+    @app.get("/v1/batches/{batch_id}", responses=ERRORS)
     async def retrieve_batch(batch_id: str, request: Request):
         return json_response(await request.app.state.batches.retrieve(batch_id,
-                                                                      _owner(request)))
+                                                                      owner_of(request)))
 
-    @app.post("/v1/batches/{batch_id}/cancel", responses=_ERRORS)
+    @app.post("/v1/batches/{batch_id}/cancel", responses=ERRORS)
     async def cancel_batch(batch_id: str, request: Request):
         """Cancel the batch: it ends ``cancelled``, with what finished in its output."""
         return json_response(await request.app.state.batches.cancel(batch_id,
-                                                                    _owner(request)))
+                                                                    owner_of(request)))
 
 
 def in_flight(settings: Settings) -> int:

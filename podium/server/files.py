@@ -15,7 +15,7 @@ from starlette.responses import StreamingResponse
 
 from podium.api.files import FilesService
 from podium.errors import InvalidRequestError
-from podium.server.app import _ERRORS, _owner, json_response
+from podium.server.edge import ERRORS, json_response, owner_of
 from podium.store.files import FileStore
 
 UPLOAD_PATH = "/v1/files"
@@ -27,7 +27,7 @@ _UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-da
         "expires_after[seconds]": {"type": "integer", "minimum": 3600,
                                    "maximum": 2592000}}}}}}}
 _CONTENT: dict[int | str, dict[str, Any]] = {
-    **_ERRORS, 200: {"description": "The file's bytes",
+    **ERRORS, 200: {"description": "The file's bytes",
                      "content": {"application/octet-stream": {}}}}
 
 
@@ -48,32 +48,32 @@ def routes(app: FastAPI) -> None:
     app.state.file_store = store = FileStore(app.state.store.engine)
     app.state.files = FilesService(store, app.state.settings)
 
-    @app.post(UPLOAD_PATH, responses=_ERRORS, openapi_extra=_UPLOAD_BODY)
+    @app.post(UPLOAD_PATH, responses=ERRORS, openapi_extra=_UPLOAD_BODY)
     async def create_file(request: Request):
         """Upload a file (multipart: ``file``, ``purpose``, optional ``expires_after``)."""
         return json_response(await request.app.state.files.create(
-            _owner(request), request.headers.get("content-type"),
+            owner_of(request), request.headers.get("content-type"),
             request.headers.get("content-length"), _body(request)))
 
-    @app.get("/v1/files", responses=_ERRORS)
+    @app.get("/v1/files", responses=ERRORS)
     async def list_files(request: Request, purpose: str | None = None,
                          after: str | None = None, limit: int = Query(10_000, ge=1, le=10_000),
                          order: Literal["asc", "desc"] = "desc"):
         return json_response(await request.app.state.files.list(
-            _owner(request), purpose=purpose, after=after, limit=limit, order=order))
+            owner_of(request), purpose=purpose, after=after, limit=limit, order=order))
 
-    @app.get("/v1/files/{file_id}", responses=_ERRORS)
+    @app.get("/v1/files/{file_id}", responses=ERRORS)
     async def retrieve_file(file_id: str, request: Request):
         return json_response(await request.app.state.files.retrieve(file_id,
-                                                                    _owner(request)))
+                                                                    owner_of(request)))
 
     @app.get("/v1/files/{file_id}/content", responses=_CONTENT)
     async def file_content(file_id: str, request: Request):
         """The file's bytes, read from the database a chunk at a time as they are sent."""
-        found, chunks = await request.app.state.files.content(file_id, _owner(request))
+        found, chunks = await request.app.state.files.content(file_id, owner_of(request))
         return StreamingResponse(chunks, media_type="application/octet-stream", headers={
             "content-length": str(found["bytes"])})
 
-    @app.delete("/v1/files/{file_id}", responses=_ERRORS)
+    @app.delete("/v1/files/{file_id}", responses=ERRORS)
     async def delete_file(file_id: str, request: Request):
-        return json_response(await request.app.state.files.delete(file_id, _owner(request)))
+        return json_response(await request.app.state.files.delete(file_id, owner_of(request)))

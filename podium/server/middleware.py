@@ -5,7 +5,9 @@ request limits (concurrency and per-key rate), then the app.
 
 ``APIKeyMiddleware`` resolves the request's key once and hands its identifier (``owner_id``)
 inward as ``scope["state"]["owner"]``: the rate limit counts by it and stored responses
-belong to it, however the client spells the header.
+belong to it, however the client spells the header. Whether the key is an operator's
+(``--admin-key``) goes inward too, as ``scope["state"]["admin"]``: only an operator loads and
+unloads models by hand (``server.edge.operator``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -168,12 +171,15 @@ def owner_id(key: bytes) -> str:
 
 class APIKeyMiddleware:
     """Requires ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``) matching
-    one of ``keys`` (constant time); passes the key's ``owner_id`` inward as
-    ``scope["state"]["owner"]``."""
+    one of ``keys`` or ``admin_keys`` (constant time); passes the key's ``owner_id`` inward as
+    ``scope["state"]["owner"]``, and whether it is an admin key as ``scope["state"]["admin"]``.
+    An admin key is a tenant like any other (its own ``owner_id``) that may also act as the
+    operator."""
 
-    def __init__(self, app: ASGIApp, keys: list[str]):
+    def __init__(self, app: ASGIApp, keys: Sequence[str], admin_keys: Sequence[str] = ()):
         self.app = app
-        self._keys = [(k.encode(), owner_id(k.encode())) for k in keys]
+        self._keys = [(k.encode(), owner_id(k.encode()), False) for k in keys] + [
+            (k.encode(), owner_id(k.encode()), True) for k in admin_keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
@@ -183,16 +189,17 @@ class APIKeyMiddleware:
         scheme, _, token = header.partition(b" ")
         if not header and b"x-api-key" in headers:      # Anthropic's clients send this
             scheme, token, header = b"bearer", headers[b"x-api-key"], headers[b"x-api-key"]
-        token, owner = token.strip(), None
-        for key, key_owner in self._keys:   # no early exit: every key is compared
+        token, owner, admin = token.strip(), None, False
+        for key, key_owner, key_admin in self._keys:    # no early exit: every key compared
             if hmac.compare_digest(token, key):
-                owner = key_owner
+                owner, admin = key_owner, admin or key_admin
         if scheme.lower() != b"bearer" or owner is None:
             message = ("Incorrect API key provided." if header else
                        "Missing API key: send it as 'Authorization: Bearer <key>' (or "
                        "'x-api-key: <key>').")
             return await _send_error(scope, send, AuthenticationError(message))
-        scope.setdefault("state", {})["owner"] = owner
+        state = scope.setdefault("state", {})
+        state["owner"], state["admin"] = owner, admin
         await self.app(scope, receive, send)
 
 

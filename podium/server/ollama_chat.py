@@ -3,8 +3,9 @@
 Each is a few lines, like the ``/v1`` routes: the model (waited for, held), the request's
 ``keep_alive`` for it, the service (api/ollama/chat.py), the answer as JSON or as NDJSON
 lines (``sse.NDJSON``). An empty ``messages`` (chat) or ``prompt`` (generate, without a
-``suffix``) loads the model, or with ``keep_alive: 0`` unloads it, and answers
-``done_reason: "load"`` / ``"unload"``, as Ollama does.
+``suffix``) loads the model, or with ``keep_alive: 0`` unloads it (the operator's act: 403
+for a tenant's key, api/ollama/keepalive.py), and answers ``done_reason: "load"`` /
+``"unload"``, as Ollama does.
 """
 
 from __future__ import annotations
@@ -18,22 +19,18 @@ from podium.api.ollama import keepalive
 from podium.api.ollama.chat import Clock, OllamaService
 from podium.protocol.ollama import ChatRequest, GenerateRequest, Generation
 from podium.render.ollama import created_at
-from podium.server.app import model_of, respond
+from podium.server.edge import OLLAMA_ERRORS, held, model_of, models_of, operator, respond
 from podium.server.routing import small
 from podium.server.sse import NDJSON
 from podium.server.watch import unless_gone
 
-# the statuses every Ollama route may answer, in Ollama's error shape (the OpenAPI document)
-OLLAMA_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"description": text, "content": {"application/json": {"example": {
-        "error": text}}}} for status, text in [
-        (400, "Invalid request"), (401, "Missing or wrong API key"),
-        (404, 'model "name" not found, try pulling it first'), (413, "Request body too large"),
-        (429, "Too many requests (see Retry-After)")]}
 _ANSWERS: dict[int | str, dict[str, Any]] = {
     200: {"description": "The answer (JSON), or its objects one a line (NDJSON)",
           "content": {"application/json": {}, "application/x-ndjson": {}}},
-    **OLLAMA_ERRORS}
+    **OLLAMA_ERRORS,
+    403: {"description": "An unload (empty prompt, keep_alive 0) without an admin key",
+          "content": {"application/json": {"example": {"error": "Unloading a model is "
+                                                                 "the server operator's ..."}}}}}
 
 
 async def _service(request: Request, req: Generation, clock: Clock) -> OllamaService:
@@ -42,17 +39,19 @@ async def _service(request: Request, req: Generation, clock: Clock) -> OllamaSer
     waiting = time.monotonic()
     served = await model_of(request, req.model)
     clock.waited = time.monotonic() - waiting
-    keepalive.apply(request, req.model, req.keep_alive)
+    keepalive.apply(models_of(request), req.model, req.keep_alive,
+                    tenant=not operator(request))
     return OllamaService(served.engine, served.dialect, served.settings)
 
 
 async def _load_or_unload(request: Request, req: Generation, chat: bool) -> dict[str, Any]:
     """Nothing to generate: the model loaded (or unloaded, ``keep_alive: 0``)."""
+    models, tenant = models_of(request), not operator(request)
     if req.keep_alive == 0:
-        await keepalive.unload(request, req.model)
+        await keepalive.unload(models, req.model, held(request), tenant=tenant)
         reason = "unload"
     else:
-        await keepalive.load(request, req.model, req.keep_alive)
+        await keepalive.load(models, req.model, req.keep_alive, tenant=tenant)
         reason = "load"
     said: dict[str, Any] = ({"message": {"role": "assistant", "content": ""}} if chat
                             else {"response": ""})

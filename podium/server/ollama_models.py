@@ -20,8 +20,7 @@ from podium.errors import ModelNotFound, PodiumError
 from podium.models import Entry, Models
 from podium.protocol.ollama_models import (EmbeddingsRequest, EmbedRequest, PullRequest,
                                            ShowRequest)
-from podium.server.app import json_response, model_of
-from podium.server.ollama_chat import OLLAMA_ERRORS
+from podium.server.edge import OLLAMA_ERRORS, json_response, model_of, models_of, operator
 from podium.server.routing import small
 from podium.server.watch import unless_gone
 
@@ -106,7 +105,8 @@ def routes(app: FastAPI) -> None:
 
         async def create() -> Any:
             served = await model_of(request, body.model, "embedding")
-            keepalive.apply(request, body.model, body.keep_alive)
+            keepalive.apply(models_of(request), body.model, body.keep_alive,
+                            tenant=not operator(request))
             return await ollama_embed.embed(served, body, started=started,
                                             loaded=time.monotonic(), small=small(request))
         return json_response(await unless_gone(request, create()))
@@ -116,7 +116,8 @@ def routes(app: FastAPI) -> None:
         """The older embeddings route: one prompt's vector."""
         async def create() -> Any:
             served = await model_of(request, body.model, "embedding")
-            keepalive.apply(request, body.model, body.keep_alive)
+            keepalive.apply(models_of(request), body.model, body.keep_alive,
+                            tenant=not operator(request))
             return await ollama_embed.embedding(served, body, small=small(request))
         return json_response(await unless_gone(request, create()))
 

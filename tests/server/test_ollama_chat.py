@@ -492,10 +492,12 @@ def test_keep_alive_is_set_for_the_model(app, monkeypatch):
     c = app(["ok"] * 2)
     seen = []
     models = c.app.state.models
-    monkeypatch.setattr(models, "keep_alive", lambda name, seconds: seen.append((name, seconds)))
+    monkeypatch.setattr(models, "keep_alive", lambda name, seconds, tenant: seen.append(
+        (name, seconds, tenant)))
     c.post(CHAT, json=chat(keep_alive="1h30m", stream=False))
     c.post(GENERATE, json=gen(keep_alive=-1, stream=False))
-    assert seen == [(SERVED, 5400.0), (SERVED, float("inf"))]
+    # a server without keys: every request is the operator's
+    assert seen == [(SERVED, 5400.0, False), (SERVED, float("inf"), False)]
 
 
 def test_latest_tag_names_the_model(app):

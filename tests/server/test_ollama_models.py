@@ -16,7 +16,7 @@ from hypothesis import example, given, settings as hsettings, strategies as st
 from starlette.testclient import TestClient
 
 from podium import __version__
-from podium.api.ollama.keepalive import FOREVER, LONGEST, parse, seconds_of
+from podium.protocol.ollama_keepalive import FOREVER, LONGEST, parse, seconds_of
 from podium.engine.llamacpp.embed import LlamaEmbedder
 from podium.engine.llamacpp.header import human_count, read_header
 from podium.engine.llamacpp.model_files import EMBED_MODEL, default_model_path

@@ -246,10 +246,12 @@ def test_unload_and_load_by_hand(several, tokenizer):
     assert (health["loads"], health["unloads"], health["state"]) == (2, 1, "loaded")
 
 
-def test_the_load_and_unload_routes_are_behind_the_api_key(several, tokenizer):
-    c = several(Farm(tokenizer, load_seconds=0), api_key=["k"])
+def test_the_load_and_unload_routes_are_behind_the_admin_key(several, tokenizer):
+    c = several(Farm(tokenizer, load_seconds=0), api_key=["k"], admin_key=["op"])
     assert c.post("/v1/models/a/load").status_code == 401
     assert c.post("/v1/models/a/load", headers={"authorization": "Bearer k"}
+                  ).status_code == 403
+    assert c.post("/v1/models/a/load", headers={"authorization": "Bearer op"}
                   ).status_code == 200
 
 
