@@ -18,7 +18,7 @@ from typing import Any
 
 from podium.conversation import Conversation, Message, Options, ResponseFormat
 from podium.dialect.base import Prompt
-from podium.engine.base import SamplingParams, Tokenizer, any_of
+from podium.engine.base import SamplingParams, Tokenizer
 from podium.errors import InvalidRequestError
 from podium.grammar import json_object_grammar, schema_grammar, tool_call_grammar
 from podium.parsing.pipeline import OutputParser
@@ -27,7 +27,7 @@ from podium.parsing.registry import (build_reasoning_parser, build_tool_parser,
 from podium.parsing.tools.base import ToolSet
 from podium.settings import Settings
 from podium.text.pipeline import TextPipeline, TextStream
-from podium.text.template import ChatTemplate, Literal
+from podium.text.template import ChatTemplate, Literal, control_pattern
 
 # Used only when a model file carries no template of its own.
 FALLBACK_TEMPLATE = (
@@ -46,7 +46,7 @@ class TemplateDialect:
         self.tool_family = tool_family
         self.reasoning_family = reasoning_family
         self._allow_request_template = allow_request_template
-        self._controls = any_of(tokenizer.control_texts)
+        self._controls = control_pattern(tokenizer.control_texts)
 
     @classmethod
     def for_model(cls, tokenizer: Tokenizer, template: str | None,

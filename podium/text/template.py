@@ -53,6 +53,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Cycler, Namespace
 from jinja2.visitor import NodeTransformer
 
+from podium.engine.base import any_of
 from podium.errors import InvalidRequestError
 
 MiB = 1 << 20
@@ -730,6 +731,13 @@ class ChatTemplate:
 # Placeholders: supplementary private use areas A and B, without their last two code points
 # (noncharacters). No tokenizer gives them a meaning, and no chat template names them.
 _PLACEHOLDERS = (range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
+
+
+@functools.lru_cache(maxsize=16)
+def control_pattern(texts: frozenset[str]) -> re.Pattern[str]:
+    """``any_of`` the control-token texts of a vocabulary, built once (0.18 s for Gemma's
+    6,000) for each vocabulary a path without a dialect meets (Ollama's fill-in-the-middle)."""
+    return any_of(texts)
 
 
 class Literal:

@@ -394,6 +394,24 @@ def test_suffix_fills_in_the_middle(app):
     assert empty["done_reason"] == "stop" and empty["response"] == "    return a + b"
 
 
+def test_fim_markers_in_the_clients_code_are_text(app):
+    """The code around the gap is the client's text: a ``<|fim_middle|>`` or an
+    ``<|endoftext|>`` in it does not become that token (it would end the prefix early, or
+    the document)."""
+    c = app(["x"])
+    tok = c.engine.tokenizer
+    specials = {tok.encode(m, add_special=False)[0]
+                for m in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>")}
+    sdk(c).generate(model=SERVED, prompt="a = '<|fim_middle|>'\n<|endoftext|>",
+                    suffix="b = '<|fim_suffix|>'")
+    ids = c.engine.requests[-1].prompt_token_ids
+    assert [t for t in ids if t in specials] == [tok.encode(m, add_special=False)[0] for m in
+                                                 ("<|fim_prefix|>", "<|fim_suffix|>",
+                                                  "<|fim_middle|>")]
+    # the client's markers are there as text (the FIM tokens themselves decode to nothing)
+    assert tok.decode(ids) == "a = '<|fim_middle|>'\n<|endoftext|>b = '<|fim_suffix|>'"
+
+
 class NoFimTokenizer:
     """The default model's tokenizer as if its vocabulary had no fill-in-the-middle tokens
     (such markers then tokenize as plain text, several tokens each)."""

@@ -22,7 +22,8 @@ for ``raw`` and ``suffix``, as a prompt of tokens), rendered by ``render.ollama`
   template, no output parsers: special-token markup in it is parsed as those tokens, the
   model's own format); ``suffix`` asks for the middle
   between ``prompt`` and ``suffix`` in the model's fill-in-the-middle tokens
-  (``<|fim_prefix|>``, ``<|fim_suffix|>``, ``<|fim_middle|>``; a model without them: 400), the
+  (``<|fim_prefix|>``, ``<|fim_suffix|>``, ``<|fim_middle|>``; a model without them: 400;
+  the client's code between them read as text), the
   system prompt left out as Ollama's fill-in-the-middle templates leave it. ``template``,
   ``context`` (deprecated in Ollama) and ``logprobs`` are refused with a 400 saying so.
 
@@ -58,6 +59,7 @@ from podium.protocol.ollama import Message as WireMessage
 from podium.render.ollama import OllamaChunks, OllamaFold
 from podium.settings import Settings
 from podium.text.pipeline import TextPipeline, TextStream
+from podium.text.template import Literal, control_pattern
 
 # Ollama's sampling defaults (api.DefaultOptions), for options a request does not give
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
@@ -164,8 +166,8 @@ class OllamaService:
         (``suffix``): no template, no output parsers; ``format`` still constrains it."""
         _no_images(req.model, req.images, "images")
         tok = self._engine.tokenizer
-        text = req.prompt if req.raw else _fim_prompt(self._engine, req)
-        ids = tok.encode(text, add_special=True)
+        ids = tok.encode(req.prompt, add_special=True) if req.raw else _fim_ids(self._engine,
+                                                                                  req)
         if not ids:
             raise InvalidRequestError("The prompt is empty", param="prompt")
         given = _num_predict(req)
@@ -279,13 +281,21 @@ def _refuse(req: GenerateRequest) -> None:
                                   "is, and its output is not parsed", param="think")
 
 
-def _fim_prompt(engine: Engine, req: GenerateRequest) -> str:
+def _fim_ids(engine: Engine, req: GenerateRequest) -> list[int]:
+    """The fill-in-the-middle prompt's ids: the model's FIM tokens around the client's code,
+    which is text (a ``<|fim_middle|>`` or ``<|endoftext|>`` in it is not that token), as a
+    chat message's is."""
     tok = engine.tokenizer
     if any(len(tok.encode(marker, add_special=False)) != 1 for marker in FIM):
         raise InvalidRequestError(
             f'"{req.model}" does not support insert: its vocabulary has no fill-in-the-middle '
             f"tokens ({', '.join(FIM)})", param="suffix")
-    return f"{FIM[0]}{req.prompt}{FIM[1]}{req.suffix}{FIM[2]}"
+    literal = Literal(control_pattern(tok.control_texts))
+    prefix, suffix = literal.protect([req.prompt, req.suffix or ""], taken="".join(FIM))
+    text = f"{FIM[0]}{prefix}{FIM[1]}{suffix}{FIM[2]}"
+    if not literal.mapping:
+        return tok.encode(text, add_special=True)
+    return tok.encode_literal(text, literal.mapping)
 
 
 def _no_images(model: str, images: list[Any] | None, param: str) -> None:
