@@ -110,7 +110,8 @@ class Settings:
     stream_keepalive_seconds: float = _opt(
         10.0, "While a stream waits for its first token (queued, or a long prefill), send a "
         "keep-alive every this many seconds, so clients' idle timers do not drop it: a "
-        "Responses 'keepalive' event, a Messages 'ping' event, an SSE comment in Chat and "
+        "Responses 'response.in_progress' event (the response so far, numbered like the "
+        "rest), a Messages 'ping' event, an SSE comment in Chat and "
         "Completions (0: none).")
     log_format: str = _opt("text", "Request log lines as text or json.")
     log_requests: bool = _opt(

@@ -47,22 +47,31 @@ def response_skeleton(**fields: Any) -> Obj:
 
 
 class Sequencer:
-    """Stamps ``sequence_number`` 0, 1, 2, ... on events, in the one place that does it."""
+    """Stamps ``sequence_number`` 0, 1, 2, ... on events, in the one place that does it.
 
-    def __init__(self, start: int = 0):
+    ``sink`` (a stored response's event log) is handed every event as it is numbered, not
+    as its consumer takes it: a run cut short between the events of one call (a cancel
+    landing while the consumer waits on the store) would otherwise leave numbers its log
+    never holds, and items opened that its log never announced."""
+
+    def __init__(self, start: int = 0, sink: Callable[[list[Obj]], None] | None = None):
         self.next = start
+        self.sink = sink
 
     def stamp(self, events: list[Obj]) -> list[Obj]:
         for event in events:
             event["sequence_number"] = self.next
             self.next += 1
+        if self.sink is not None and events:
+            self.sink(events)
         return events
 
 
 class ResponseBuilder:
     def __init__(self, response: Obj, tokenizer: Tokenizer, *,
                  client_tool: Callable[[str], Any], new_id: Callable[[str], str],
-                 logprobs: int | None = None, seal: Callable[[str], str] | None = None):
+                 logprobs: int | None = None, seal: Callable[[str], str] | None = None,
+                 sink: Callable[[list[Obj]], None] | None = None):
         self.response = response
         self._tokenizer = tokenizer
         self._client_tool = client_tool
@@ -74,7 +83,7 @@ class ResponseBuilder:
         self._lps: list[Obj] = []       # its logprobs so far
         self.calls: list[tuple[int, Obj]] = []  # MCP calls the model made, not yet run
         self.ends_turn = False          # a call for the client to answer (set per round)
-        self.seq = Sequencer()
+        self.seq = Sequencer(sink=sink)     # sink: the response's event log, if stored
         self._stamp = self.seq.stamp
         self._round: Finish | None = None   # how the model's current round ended
         self._last: Finish | None = None    # how its last finished round ended
@@ -92,7 +101,11 @@ class ResponseBuilder:
         return self._stamp(self._event(event))
 
     def keepalive(self) -> list[Obj]:
-        return self._stamp([{"type": "keepalive"}])      # OpenAI's own, during a prefill
+        """``response.in_progress`` again, the response as it stands: an event of OpenAI's
+        published set, so every SDK parses it (OpenAI's own undocumented ``keepalive`` type
+        crashed several), and an event all the same to idle timers that count events
+        (Codex's)."""
+        return self._stamp([{"type": "response.in_progress", "response": self._snapshot()}])
 
     def close(self, usage: Usage) -> list[Obj]:
         """The terminal event of a response that ran to its end."""
@@ -108,18 +121,24 @@ class ResponseBuilder:
     def end_round(self) -> list[Obj]:
         """Close the item still open when a round of the model ends (before its MCP calls,
         in ``calls``, run: ``mcp_running`` and ``mcp_result`` follow each). A round cut by
-        its token limit may have cut its last item, an MCP call, short: that call is not
-        run (``incomplete``); calls the model went on from are whole."""
+        its token limit (what is left of ``max_output_tokens``, which every round shares)
+        ends the response ``incomplete``: none of its calls is run, not even one the parser
+        found whole, since the model could not go on from it; each is ``incomplete``."""
         events = self._close()
         finish, self._round = self._round, None
         self._last = finish
-        if (finish is not None and finish.reason == "length" and self.calls
-                and self.calls[-1][0] == self._index()):
-            index, item = self.calls.pop()
-            item["status"] = "incomplete"
-            events.append({"type": "response.output_item.done", "output_index": index,
-                           "item": item})
+        if finish is not None and finish.reason == "length":
+            for index, item in self.calls:
+                item["status"] = "incomplete"
+                events.append({"type": "response.output_item.done", "output_index": index,
+                               "item": item})
+            self.calls = []
         return self._stamp(events)
+
+    def spent(self) -> None:
+        """The response's ``max_output_tokens`` are spent although its last round ended of
+        itself: the model cannot run again, so the response ends ``incomplete``."""
+        self._last = Finish("length", 0)
 
     def _event(self, event: Event) -> list[Obj]:
         if isinstance(event, TextDelta):

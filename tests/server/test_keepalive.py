@@ -1,11 +1,13 @@
 """Streams stay alive while a request waits for its first token (queued, or a long prefill).
 
 Each API sends what its clients' idle timers count, and what their SDKs still parse: a
-``keepalive`` event in Responses (OpenAI's own; Codex ignores its type but its timer, which
-counts SSE events, restarts), a ``ping`` event in Messages, an SSE comment in Chat and
-Completions (dropped by every SSE parser, so ``chunk.choices[0]`` never meets an empty chunk;
-counted by the byte-level timers those clients have). The scripted engine is made slow to its
-first token (``start_gate``), and ``--stream-keepalive-seconds`` small.
+``response.in_progress`` event in Responses (the response so far; of OpenAI's published
+event set, so strict SDKs parse it, where OpenAI's own undocumented ``keepalive`` type broke
+several; Codex's timer, which counts SSE events, restarts), a ``ping`` event in Messages, an
+SSE comment in Chat and Completions (dropped by every SSE parser, so ``chunk.choices[0]``
+never meets an empty chunk; counted by the byte-level timers those clients have). The
+scripted engine is made slow to its first token (``start_gate``), and
+``--stream-keepalive-seconds`` small.
 """
 
 from __future__ import annotations
@@ -120,25 +122,33 @@ def test_the_setting_refuses_a_negative_interval():
                                  {}).stream_keepalive_seconds == 2.5
 
 
-# -- Responses: keepalive events ------------------------------------------------------------
+# -- Responses: response.in_progress again -------------------------------------------------
 
 def responses_body(**extra) -> dict:
     return {"model": SERVED, "input": "hi", "stream": True, **extra}
 
 
+def keepalive_ticks(events: list[dict]) -> list[int]:
+    """Where the keep-alives are: ``response.in_progress`` after the opening pair."""
+    return [i for i, e in enumerate(events) if e["type"] == "response.in_progress" and i > 1]
+
+
 def test_responses_stream_sends_keepalive_events_in_sequence(slow):
     events = sse_events(slow().post("/v1/responses", json=responses_body()).text)
     kinds = [e["type"] for e in events]
-    ticks = [i for i, k in enumerate(kinds) if k == "keepalive"]
+    ticks = keepalive_ticks(events)
     assert len(ticks) in expected_ticks(), kinds
     # between response.in_progress and the first output, numbered like any event
     assert kinds[:2] == ["response.created", "response.in_progress"]
     assert ticks == list(range(2, 2 + len(ticks)))
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    assert all(set(events[i]) == {"type", "sequence_number"} for i in ticks)
-    for event in events:
-        if event["type"] != "keepalive":    # OpenAI sends it, the SDK's union omits it
-            RESPONSE_EVENT.validate_python(event)
+    assert "keepalive" not in kinds
+    for i in ticks:     # the response as it stands: nothing generated yet
+        assert events[i]["response"]["id"] == events[0]["response"]["id"]
+        assert events[i]["response"]["status"] == "in_progress"
+        assert events[i]["response"]["output"] == []
+    for event in events:    # every event one of OpenAI's published set
+        RESPONSE_EVENT.validate_python(event)
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == REPLY
 
@@ -148,11 +158,14 @@ def test_responses_sdk_streams_parse_the_keepalive(slow):
     sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,
                         max_retries=0)
     raw = list(sdk.responses.create(model=SERVED, input="hi", stream=True))
-    assert sum(e.type == "keepalive" for e in raw) in expected_ticks()
+    kinds = [e.type for e in raw]
+    assert kinds.count("response.in_progress") - 1 in expected_ticks(), kinds
+    assert {type(e).__name__ for e in raw if e.type == "response.in_progress"} == {
+        "ResponseInProgressEvent"}             # parsed as the SDK's own type
     with sdk.responses.stream(model=SERVED, input="hi") as stream:
         kinds = [e.type for e in stream]
         final = stream.get_final_response()
-    assert "keepalive" in kinds and final.output_text == REPLY
+    assert kinds.count("response.in_progress") > 1 and final.output_text == REPLY
 
 
 def test_a_stored_streams_keepalives_are_in_its_log(slow):
@@ -163,7 +176,8 @@ def test_a_stored_streams_keepalives_are_in_its_log(slow):
     rid = live[0]["response"]["id"]
     replay = sse_events(http.get(f"/v1/responses/{rid}", params={"stream": "true"}).text)
     assert [e["type"] for e in replay] == [e["type"] for e in live]
-    assert "keepalive" in [e["type"] for e in replay]
+    assert [e["sequence_number"] for e in replay] == list(range(len(live)))
+    assert len(keepalive_ticks(replay)) in expected_ticks()
 
 
 def test_a_non_streamed_response_is_unchanged(slow):

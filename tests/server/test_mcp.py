@@ -516,13 +516,17 @@ def test_calls_of_a_round_cut_by_max_output_tokens_are_not_run(app, mcp_url):
     assert len(c.engine.requests) == 1
 
 
-def test_a_whole_call_before_the_cut_runs(app, mcp_url):
+def test_a_whole_call_in_a_round_cut_short_is_not_run(app, mcp_url):
+    """The parser found the call whole, but the round ran out of tokens after it: the
+    response ends there, incomplete, and the call is not run (the model could not go on)."""
     c = app([call("add", a=2, b=3) + " and then a great many words" * 20, "5."])
-    body, _ = both(c, ask(mcp_url, max_output_tokens=40))
-    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message",
-                                                   "message"]
-    assert body["output"][1]["output"] == "5"
-    assert body["status"] == "completed"
+    body = c.post(URL, json=ask(mcp_url, max_output_tokens=40)).json()
+    assert [i["type"] for i in body["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    assert body["output"][1]["status"] == "incomplete"
+    assert body["output"][1].get("output") is None
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert len(c.engine.requests) == 1 and body["usage"]["output_tokens"] == 40
 
 
 def test_a_log_cut_mid_call_recovers_the_call_incomplete(app, mcp_url):

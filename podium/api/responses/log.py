@@ -3,7 +3,11 @@ readers on any replica, and the last writes of runs that ended, kept until they 
 
 ``EventLog`` appends one response's events to the store and wakes the followers waiting on
 it on this replica (followers on other replicas hear of the write from the store: ``changed``); it stops for good (``gone``) when the response is deleted: at once on this replica
-(``discard``), at its next append on any other (the store refuses it). ``Logs`` holds the
+(``discard``), at its next append on any other (the store refuses it). It is handed each
+event as it is numbered (``put``) and writes it once its consumer has had it (``reached``),
+or at the end (``flush``), by one write at a time: so the log holds every number the run
+gave, in order, whatever cut the run short (a cancel while the consumer waits on the
+store), and a finished turn's terminal event is written only after its consumer had it. ``Logs`` holds the
 logs open on this replica, ``follow`` replays a log and then tails it, and ``Finalizers``
 runs the last writes of a stream whose client has gone, each tracked until it finishes, so a
 shutdown waits for all of them. ``fail_response`` closes the log of a response whose replica
@@ -31,25 +35,55 @@ FLUSH_EVENTS, FLUSH_SECONDS, POLL_SECONDS = 32, 0.05, 0.25
 class EventLog:
     def __init__(self, store: ResponseStore, response_id: str):
         self._store, self.response_id = store, response_id
-        self._batch: list[Obj] = []
+        self._batch: list[Obj] = []         # numbered, not yet written (in order)
+        self._ready = -1                    # written up to this number when flushed
         self._last = time.monotonic()
+        self._writing: asyncio.Future[None] | None = None
         self.changed = asyncio.Event()      # set (and replaced) after each write
         self.gone = False
 
-    async def add(self, event: Obj) -> None:
-        if self.gone:
-            return
-        self._batch.append(event)
+    def put(self, events: list[Obj]) -> None:
+        """Events as they are numbered (``Sequencer.sink``): held until ``reached``."""
+        if not self.gone:
+            self._batch += events
+
+    async def reached(self, event: Obj) -> None:
+        """The consumer has ``event`` (put before): write up to it when a batch is due."""
+        self._ready = event["sequence_number"]
         if (len(self._batch) >= FLUSH_EVENTS or event["type"] in TERMINAL_EVENTS
                 or time.monotonic() - self._last >= FLUSH_SECONDS):
-            await self.flush()
+            await self._write()
 
     async def flush(self) -> None:
-        batch, self._batch = self._batch, []
+        """Write every event put, had by the consumer or not (the run has ended)."""
+        if self._batch:
+            self._ready = max(self._ready, self._batch[-1]["sequence_number"])
+        await self._write()
+
+    async def _write(self) -> None:
+        """One task writes, batch after batch: a caller cancelled while it waits leaves the
+        write going (shielded), and a later caller waits for it, so no batch is lost or
+        written after a later one (a follower would find a gap)."""
         self._last = time.monotonic()
-        if batch and not self.gone:
-            self.gone = not await self._store.append_events(self.response_id, batch)
-        self.wake()
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.ensure_future(self._drain())
+            self._writing.add_done_callback(_retrieve)
+        await asyncio.shield(self._writing)
+
+    async def _drain(self) -> None:
+        try:
+            while not self.gone:
+                ready = 0
+                while ready < len(self._batch) and \
+                        self._batch[ready]["sequence_number"] <= self._ready:
+                    ready += 1
+                if not ready:
+                    return
+                batch = self._batch[:ready]
+                self.gone = not await self._store.append_events(self.response_id, batch)
+                del self._batch[:ready]
+        finally:
+            self.wake()
 
     def discard(self) -> None:
         self.gone, self._batch = True, []
@@ -132,6 +166,13 @@ class Finalizers:
     async def drain(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """A write's failure reaches the caller waiting on it; one whose caller was cancelled
+    meanwhile is not "never retrieved" (the next write, or the run's end, meets it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def fail_response(body: Obj, logged: list[Obj], message: str) -> list[Obj]:

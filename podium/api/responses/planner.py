@@ -103,13 +103,17 @@ class Planner:
                     None if approved else prepared.choices[0], tools, options.logprobs,
                     "reasoning.encrypted_content" in set(req.include or ()), mcp=sessions,
                     listings=listings, approved=approved,
-                    max_tool_calls=req.max_tool_calls, owner=owner, rounds=rounds)
+                    max_tool_calls=req.max_tool_calls,
+                    max_output_tokens=req.max_output_tokens, owner=owner, rounds=rounds)
 
-    async def again(self, plan: Plan, output: list[dict[str, Any]], quiet: bool) -> Choice:
+    async def again(self, plan: Plan, output: list[dict[str, Any]], quiet: bool,
+                    max_tokens: int | None = None) -> Choice:
         """The model's next round (queued), on the conversation extended by ``output``, the
-        response's output so far; ``quiet``: offer no tools."""
+        response's output so far; ``quiet``: offer no tools; ``max_tokens``: what is left of
+        the response's ``max_output_tokens`` (None: no limit)."""
         rounds = plan.rounds
-        options = dataclasses.replace(rounds.options, tool_choice="none" if quiet else "auto")
+        options = dataclasses.replace(rounds.options, tool_choice="none" if quiet else "auto",
+                                      max_tokens=max_tokens)
         done = as_input(output)
         following = await off_loop(self._prepare_fitting, rounds, options, done,
                                    ["output"] * len(done))  # with the model's output: a worker

@@ -50,20 +50,24 @@ class Plan:
     listings: list[Obj] = field(default_factory=list)   # new mcp_list_tools items
     approved: list[Obj] = field(default_factory=list)   # approved mcp_call items to run
     max_tool_calls: int | None = None
+    max_output_tokens: int | None = None    # the whole response's, every round's share
     owner: str = ""                     # the API key's id: reasoning is sealed for it alone
     rounds: Any = None                  # what the planner keeps for the next MCP round
 
 
 class Run:
     def __init__(self, plan: Plan, engine: Engine, planner: Planner,
-                 seal: Callable[[str], str] | None, keepalive: float = 0.0):
+                 seal: Callable[[str], str] | None, keepalive: float = 0.0,
+                 log: Callable[[list[Obj]], None] | None = None):
+        """``log``: handed every event as it is stamped (the stored response's event log:
+        ``EventLog.put``), so the log holds every number given, however the run ends."""
         self.plan = plan
         self._engine = engine
         self._planner = planner
-        self._keepalive = keepalive         # seconds between keepalive events (0: none)
+        self._keepalive = keepalive         # seconds between keep-alive events (0: none)
         self.builder = ResponseBuilder(plan.response, engine.tokenizer,
                                        client_tool=plan.tools.client, new_id=new_item_id,
-                                       logprobs=plan.logprobs, seal=seal)
+                                       logprobs=plan.logprobs, seal=seal, sink=log)
         self._usage = UsageFold()           # every round's (one choice each)
         self.final: Coroutine[Any, Any, None] | None = None    # its last writes, once ended
 
@@ -77,7 +81,8 @@ class Run:
         With MCP tools it is a loop: the model runs (``generation.drive_round``), Podium
         runs the MCP calls it made, and the model runs again on the conversation extended
         by them, until it answers without one (or calls a client's tool, or asks for an
-        approval, or runs out of tokens)."""
+        approval, or runs out of tokens: ``max_output_tokens`` is the whole response's,
+        each round given what the rounds before it left)."""
         builder, plan = self.builder, self.plan
         for event in builder.open():
             yield event
@@ -112,9 +117,13 @@ class Run:
                     log.warning("response %s: %d rounds of MCP calls, ended there",
                                 self.response["id"], rounds)
                     break
+                left = self._tokens_left()
+                if left is not None and left <= 0:
+                    builder.spent()
+                    break
                 limit = plan.max_tool_calls
                 quiet = rounds == MAX_ROUNDS - 1 or (limit is not None and calls >= limit)
-                choice = await self._planner.again(plan, self.response["output"], quiet)
+                choice = await self._planner.again(plan, self.response["output"], quiet, left)
         except PodiumError as exc:
             log.error("response %s failed: %s", self.response["id"], exc.message)
             for out in self._end("failed", {"code": exc.code or "server_error",
@@ -139,6 +148,12 @@ class Run:
             log.info("response %s: MCP call %s failed: %s", self.response["id"], item["name"],
                      error_text(error))
         return output, error
+
+    def _tokens_left(self) -> int | None:
+        """What the rounds so far left of ``max_output_tokens`` (reasoning counts, as in
+        OpenAI's ``output_tokens``); None: no limit."""
+        limit = self.plan.max_output_tokens
+        return None if limit is None else limit - self.usage().completion_tokens
 
     def usage(self) -> Usage:
         """Every round's usage (a round cut short counted from its stream); the prompt

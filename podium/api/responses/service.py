@@ -127,10 +127,11 @@ class ResponsesService:
                 if plan.response.get("conversation") else None)
         mode: Mode = "background" if req.background else "stream" if req.stream else "respond"
         keepalive = self._settings.stream_keepalive_seconds if mode != "respond" else 0.0
+        writer = self._logs.open(rid) if mode != "respond" and req.store else None
         run = Run(plan, planner.engine, planner,
                   functools.partial(self._sealer.seal, owner=owner) if plan.seal else None,
-                  keepalive)        # background: its followers' keep-alive
-        writer = self._logs.open(rid) if mode != "respond" and req.store else None
+                  keepalive,        # background: its followers' keep-alive
+                  writer.put if writer is not None else None)
         events = self._lifecycle(run, turn, writer, mode, req.store)
         if mode == "stream":
             return events
@@ -160,7 +161,8 @@ class ResponsesService:
 
     async def _lifecycle(self, run: Run, turn: Turn | None, writer: EventLog | None,
                          mode: Mode, store: bool) -> AsyncGenerator[dict[str, Any], None]:
-        """The run's events, each logged (``writer``) before it goes to the consumer; the
+        """The run's events, each logged (``writer``: handed it when it was numbered,
+        written up to it here) before it goes to the consumer; the
         run's last writes when it ends, however it ends: awaited by a blocking consumer
         that saw it finish (``run.final``) and by a background task, else tracked by
         ``Finalizers`` (a stream's client may be gone, a request cancelled)."""
@@ -172,7 +174,7 @@ class ResponsesService:
             async with aclosing(self._events(run, turn)) as events:   # closed here, at once
                 async for event in events:
                     if writer is not None:
-                        await writer.add(event)
+                        await writer.reached(event)
                     yield event
         except BaseException as exc:
             stopped = exc
@@ -182,8 +184,9 @@ class ResponsesService:
                 # shutting down, a background response is left to the next start (or
                 # another replica), which fails it: its lease lapses
                 left = mode == "background" and self._closing
-                ending = run.stop(self._cut(stopped)) if stopped is not None and not left else []
-                final = self._finalize(rid, run.response, writer, ending, resolve=not left)
+                if stopped is not None and not left:
+                    run.stop(self._cut(stopped))    # its events: into the log, as numbered
+                final = self._finalize(rid, run.response, writer, resolve=not left)
                 if mode == "background" or (mode == "respond" and stopped is None):
                     run.final = final
                 else:
@@ -213,14 +216,13 @@ class ResponsesService:
                 yield event
 
     async def _finalize(self, rid: str, response: dict[str, Any], writer: EventLog | None,
-                        ending: list[dict[str, Any]], resolve: bool) -> None:
-        """A run's last writes: the events that end it, the log flushed (what was produced
-        is kept, even when stopping), the stored object; then its lease and log let go.
-        ``resolve`` False: the object is left as it is, its lease to lapse."""
+                        resolve: bool) -> None:
+        """A run's last writes: the log flushed (every event numbered, those that end it
+        too: what was produced is kept, even when stopping), the stored object; then its
+        lease and log let go. ``resolve`` False: the object is left as it is, its lease to
+        lapse."""
         try:
             if writer is not None:
-                for event in ending:
-                    await writer.add(event)
                 await writer.flush()
             if resolve and not (writer is not None and writer.gone):
                 await self._store.update(rid, response)
