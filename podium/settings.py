@@ -105,6 +105,10 @@ class Settings:
         "dimensions is cut to that length and normalized again, anything else a 400. "
         "Default: what the model's files declare (config.json's matryoshka_dimensions or "
         "is_matryoshka), else none.", metavar="N,N,...|any")
+    max_embedding_tokens: int = _opt(
+        300_000, "Most tokens one embeddings or rerank request may hold, its inputs' summed "
+        "(after truncation; a rerank's query counted with each document); past it a 400 "
+        "naming input (documents for rerank). OpenAI's own limit; 0: no limit.")
     shutdown_grace: int = _opt(
         20, "Seconds running streams get to finish after SIGTERM before they are ended.")
     stream_keepalive_seconds: float = _opt(

@@ -5,6 +5,12 @@ token ids are taken as they are. The engine embeds every input of every request 
 batches, at the caller's ``PRIORITY`` (the batch worker's inputs wait behind interactive
 ones); the answer is OpenAI's list of embeddings, as floats or as base64 of little-endian
 float32 (what the SDKs decode).
+
+A request's tokens together are bounded (``--max-embedding-tokens``, OpenAI's 300,000 by
+default), counted as they are tokenized so a refused request costs no more than the tokens
+up to the bound; every engine, ``/api/embed`` and ``/v1/rerank`` pass through here. The
+engine shares its decodes fairly between requests; the bound keeps one request's hold on
+memory and on the engine (seconds to minutes of a CPU) within what real use needs.
 """
 
 from __future__ import annotations
@@ -41,10 +47,26 @@ def matryoshka(setting: str | None, declared: str | None = None) -> tuple[int, .
 
 
 class EmbeddingService:
-    def __init__(self, engine: Engine, matryoshka: tuple[int, ...] | None = None):
-        """``matryoshka``: the lengths vectors may be shortened to (``matryoshka()``)."""
+    def __init__(self, engine: Engine, matryoshka: tuple[int, ...] | None = None,
+                 max_tokens: int = 300_000):
+        """``matryoshka``: the lengths vectors may be shortened to (``matryoshka()``);
+        ``max_tokens``: the most tokens one request may hold (0: no limit)."""
+        if max_tokens < 0:
+            raise ValueError(f"--max-embedding-tokens must be 0 (no limit) or more, not "
+                             f"{max_tokens}")
         self._engine = engine
         self._matryoshka = matryoshka
+        self.max_tokens = max_tokens
+
+    def check_total(self, total: int, param: str = "input") -> None:
+        """A 400 naming ``param`` when the request's tokens so far (``total``) pass
+        ``max_tokens``: checked as each input is tokenized, not once all of them are."""
+        if self.max_tokens and total > self.max_tokens:
+            what = "inputs" if param == "input" else "query and documents"
+            raise InvalidRequestError(
+                f"the {what} come to more than {self.max_tokens} tokens together, the most "
+                f"one request may hold (the server's --max-embedding-tokens); send them in "
+                f"several requests", param=param)
 
     async def create(self, req: EmbeddingsRequest, *, small: bool = False) -> dict[str, Any]:
         engine = self._embedder(req.model, "serve embeddings")
@@ -81,8 +103,7 @@ class EmbeddingService:
             try:
                 inputs = await off_loop(self._inputs, wire, inline=small)
             except InvalidRequestError as exc:      # input[0] is the query, the rest docs
-                index = int(exc.param.split("[")[1].split("]")[0]) if exc.param else 0
-                exc.param = "query" if index == 0 else f"documents[{index - 1}]"
+                exc.param = _rerank_param(exc.param)
                 raise
             embedder = self._embedder(req.model, "rerank")
             query, *docs = await embedder.embed(inputs, PRIORITY.get())
@@ -128,8 +149,10 @@ class EmbeddingService:
         document's end goes)."""
         engine = self._engine
         tokenizer, limit = engine.tokenizer, engine.info.context_length
-        room = limit - cast(Reranker, engine).pair_overhead
+        overhead = cast(Reranker, engine).pair_overhead
+        room = limit - overhead
         out: list[list[int]] = []
+        total = 0
         for i, text in enumerate(texts):
             where = "query" if i == 0 else f"documents[{i - 1}]"
             if not text:
@@ -147,6 +170,9 @@ class EmbeddingService:
                         f" tokens with the model's markers, more than its {limit}; shorten "
                         f"it, or set truncate_prompt_tokens to cut it", param=where)
                 ids = ids[:room - len(out[0])]
+            if i:                                   # what the model reads: the whole pair
+                total += len(out[0]) + len(ids) + overhead
+                self.check_total(total, "documents")
             out.append(ids)
         return out
 
@@ -161,6 +187,7 @@ class EmbeddingService:
         keep = req.truncate_prompt_tokens
         keep = limit if keep == -1 else keep
         out: list[list[int]] = []
+        total = 0
         for i, item in enumerate(raw):
             if isinstance(item, str):
                 if not item:
@@ -179,8 +206,19 @@ class EmbeddingService:
                 raise InvalidRequestError(
                     f"input {i} has {len(ids)} tokens, more than this model's {limit}; "
                     f"shorten it, or set truncate_prompt_tokens", param=f"input[{i}]")
+            total += len(ids)
+            self.check_total(total)
             out.append(ids)
         return out
+
+
+def _rerank_param(param: str | None) -> str:
+    """Where an error about the embeddings of ``[query, *documents]`` is in the rerank
+    request: ``input[0]`` is the query, ``input[k]`` document k - 1, ``input`` them all."""
+    if not param or "[" not in param:
+        return "documents"
+    index = int(param.split("[")[1].split("]")[0])
+    return "query" if index == 0 else f"documents[{index - 1}]"
 
 
 def _shortened(vector: list[float], n: int) -> list[float]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler
-from pydantic import WrapValidator
+from pydantic import BaseModel, Field, StrictInt, ValidationError
+from pydantic import ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from podium.protocol.common import LENIENT
@@ -13,7 +13,8 @@ from podium.protocol.common import LENIENT
 MAX_INPUTS = 2048
 
 Strings = Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS)]
-Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+# strict: JSON's true is not token id 1, nor 1.0 token id 1
+Ids = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 IdLists = Annotated[list[Ids], Field(min_length=1, max_length=MAX_INPUTS)]
 
 

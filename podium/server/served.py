@@ -95,7 +95,8 @@ class Loader:
                       Planner(engine, dialect, self._store, settings, self._sealer,
                               self._conversations),
                       TokenizeService(engine, dialect),
-                      EmbeddingService(engine, _matryoshka(settings, engine)))
+                      EmbeddingService(engine, _matryoshka(settings, engine),
+                                       settings.max_embedding_tokens))
 
 
 def make_engine(settings: Settings, name: str, kind: str = "chat",

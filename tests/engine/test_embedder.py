@@ -104,9 +104,10 @@ def test_every_embedder_embeds_a_higher_priority_request_before_queued_lower_one
         assert cosine(vector, alone[k % len(ids)]) > 0.9999
 
 
-def test_within_a_priority_first_come_first_served(embedder):
-    """Two batch requests and an interactive one after them: the interactive one first,
-    then the batch requests in the order they came."""
+def test_within_a_priority_requests_take_turns(embedder):
+    """Two batch requests and an interactive one after them: the interactive one first;
+    then the batch requests share the decodes, one input of each in turn, so the second's
+    2 inputs are done long before the first's 120."""
     ids = [embedder.tokenizer.encode(text) for text in TEXTS]
     finished: list[str] = []
 
@@ -122,7 +123,62 @@ def test_within_a_priority_first_come_first_served(embedder):
         await asyncio.gather(first, second, run("interactive", ids[:2], 0))
 
     asyncio.run(main())
-    assert finished == ["interactive", "first batch", "second batch"]
+    assert finished == ["interactive", "second batch", "first batch"]
+
+
+def test_a_small_request_is_not_starved_by_a_big_one_of_its_priority(embedder):
+    """The campaign's case in small: a request of 2,000 inputs queued first, another
+    client's 1-input request after it at the same priority. The small one shares the next
+    decodes (one input of each request in turn) instead of waiting for all 2,000: counted
+    in decodes, not seconds, so a busy machine cannot make it pass or fail."""
+    big = [embedder.tokenizer.encode(f"lighthouse keeper number {i}") for i in range(2000)]
+    small = [embedder.tokenizer.encode("A victim's one short input.")]
+
+    async def main():
+        start = embedder.decodes
+        waiting = asyncio.ensure_future(embedder.embed(big))
+        while embedder.decodes == start:           # the big request is being embedded
+            await asyncio.sleep(0.001)
+        queued = embedder.decodes
+        [vector] = await embedder.embed(small)
+        done = embedder.decodes
+        vectors = await waiting
+        return queued, done, embedder.decodes, vector, vectors
+
+    queued, done, end, vector, vectors = asyncio.run(main())
+    assert end - queued > 40                        # the big request's decodes after it
+    assert done - queued <= 3                       # the one in progress, then its own
+    assert len(vectors) == 2000 and len(vector) == 384
+    alone = asyncio.run(embedder.embed([big[7], small[0]]))
+    assert cosine(vectors[7], alone[0]) > 0.9999 and cosine(vector, alone[1]) > 0.9999
+
+
+def test_a_request_whose_caller_leaves_stops_within_a_decode(embedder):
+    """A client gone (the route's task cancelled, as ``unless_gone`` does): the worker
+    drops the rest of its inputs when it packs the next decode. Before, ``embed`` marked
+    the job failed only when ``job.done`` was not done, but cancelling the task awaiting
+    it cancels it, so the whole request was computed for nobody."""
+    long = embedder.tokenizer.encode("the lighthouse keeper climbed the stairs " * 8)[:64]
+    inputs = [long] * 1000                        # 8 a decode: 125 decodes, seconds of work
+
+    async def main():
+        start, embedded = embedder.decodes, embedder.stats["requests"]
+        task = asyncio.ensure_future(embedder.embed(inputs))
+        while embedder.decodes < start + 2:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        left = embedder.decodes
+        await asyncio.sleep(1.0)                  # several decodes' time
+        after = embedder.decodes
+        again = await embedder.embed([long])      # and the worker serves the next one
+        return task, left, after, embedder.stats["requests"] - embedded, again
+
+    task, left, after, embedded, again = asyncio.run(main())
+    assert task.cancelled()
+    assert after - left <= 1                      # only the decode in progress finished
+    assert embedded < 100                         # of the 1,000 inputs
+    assert len(again) == 1 and len(again[0]) == 384
 
 
 def cosine(a, b) -> float:

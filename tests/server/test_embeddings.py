@@ -107,6 +107,7 @@ def test_bad_requests_name_their_parameter(http, body, param):
 @pytest.mark.parametrize("value, says", [
     ([], "empty"), (["x"] * 2049, "2049"), ([1.5], "token ids"), ({"a": 1}, "token ids"),
     ([[]], "empty"), ([-1], "token ids"), (["a", 1], "token ids"), (None, "token ids"),
+    ([True], "token ids"), ([[1, True]], "token ids"), ([1.0], "token ids"),
 ])
 def test_a_malformed_input_is_one_plain_sentence(http, value, says):
     """Not pydantic's attempt at every member of the union ("Input should be a valid
@@ -116,6 +117,107 @@ def test_a_malformed_input_is_one_plain_sentence(http, value, says):
     error = r.json()["error"]
     assert error["param"] == "input" and says in error["message"]
     assert "should be a valid" not in error["message"] and ";" not in error["message"]
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    """The same model, its requests bounded to 1,000 tokens together."""
+    engine = LlamaEmbedder(default_model_path(EMBED_MODEL), served_name=NAME, n_threads=2)
+    db = tmp_path_factory.mktemp("embed-bounded") / "s.db"
+    settings = Settings(store_url=f"sqlite:///{db}", max_embedding_tokens=1000)
+    with TestClient(create_app(settings, engine), raise_server_exceptions=False) as client:
+        yield client
+
+
+LONG = "word " * 300                                   # cut to the model's 256 tokens
+
+
+def test_a_requests_tokens_together_are_bounded(bounded):
+    """--max-embedding-tokens: the inputs' tokens summed after truncation; past it a 400
+    naming input in each API's own error shape, before anything is embedded."""
+    from tests.server.apps import served
+
+    engine = served(bounded.app).engine
+    before = engine.stats["requests"]
+    fits = {"model": NAME, "input": [LONG] * 3, "truncate_prompt_tokens": 256}
+    r = bounded.post("/v1/embeddings", json=fits)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 768
+    r = bounded.post("/v1/embeddings", json={**fits, "input": [LONG] * 4})     # 1,024
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input" and error["type"] == "invalid_request_error"
+    assert "1000 tokens together" in error["message"]
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=bounded,
+                        max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.embeddings.create(model=NAME, input=[[7] * 200] * 6)               # token ids
+    assert refused.value.body["param"] == "input"
+    ollama = bounded.post("/api/embed", json={"model": NAME, "input": [LONG] * 4})
+    assert ollama.status_code == 400 and set(ollama.json()) == {"error"}
+    assert "1000 tokens together" in ollama.json()["error"]
+    assert bounded.post("/api/embed", json={"model": NAME, "input": [LONG] * 3}
+                        ).json()["prompt_eval_count"] == 768
+    rerank = bounded.post("/v1/rerank", json={"model": NAME, "query": "a word",
+                                              "documents": ["word " * 200] * 5})
+    assert rerank.status_code == 400 and rerank.json()["error"]["param"] == "documents"
+    assert engine.stats["requests"] - before == 3 + 3          # only the two that fit
+
+
+def test_the_campaigns_request_is_refused_by_the_default_bound(http):
+    """2,048 inputs of 256 tokens (524,288) held the model for minutes: past the default
+    300,000 tokens, OpenAI's own limit."""
+    r = http.post("/v1/embeddings", json={"model": NAME, "input": [[7] * 256] * 2048})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input"
+    assert "300000 tokens together" in r.json()["error"]["message"]
+
+
+def _gone_after(path: str, body: bytes, seconds: float):
+    """An ASGI call of ``path`` whose client sends ``body`` and leaves ``seconds`` later."""
+    sent: list[dict] = []
+    given: list[bool] = []
+
+    async def receive():
+        if not given:
+            given.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(seconds)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "state": {},
+             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    return scope, receive, send, sent
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
+def test_a_client_that_leaves_stops_its_embeddings(http, path):
+    """The campaign's second finding: the big request's client hung up and the server
+    embedded every input anyway. Now its inputs stop at the next decode."""
+    from tests.server.apps import served
+
+    engine = served(http.app).engine
+    text = "the lighthouse keeper climbed the stairs again " * 8     # about 60 tokens
+    body = json.dumps({"model": NAME, "input": [text] * 1000}).encode()
+    scope, receive, send, sent = _gone_after(path, body, 0.5)
+
+    async def main():
+        embedded = engine.stats["requests"]
+        await asyncio.wait_for(http.app(scope, receive, send), timeout=30)
+        left = engine.decodes
+        await asyncio.sleep(1.0)                        # several decodes' time
+        return engine.decodes - left, engine.stats["requests"] - embedded
+
+    decodes_after, embedded = asyncio.run(main())
+    assert decodes_after <= 1                           # the one in progress, at most
+    assert embedded < 500                               # of the 1,000 inputs
+    assert not any(m.get("status") == 200 for m in sent)
 
 
 def test_truncation_on_request_and_dimensions_as_they_are(http):

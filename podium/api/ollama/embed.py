@@ -6,13 +6,14 @@ rule for ``dimensions`` (the same answer as ``/v1/embeddings`` gives).
 Truncation is Ollama's: ``truncate`` (the default) cuts the end of an input longer than the
 model takes, keeping the token the tokenizer closes every input with (BERT's ``[SEP]``), as
 sentence-transformers cuts; ``truncate: false`` makes such an input a 400 naming it.
-An empty ``input`` (or ``prompt``) only loads the model, as in Ollama.
+An empty ``input`` (or ``prompt``) only loads the model, as in Ollama. A request's tokens
+together are bounded as ``/v1/embeddings``' are (--max-embedding-tokens).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from podium.engine.base import Tokenizer
 from podium.errors import InvalidRequestError
@@ -53,7 +54,8 @@ async def embedding(served: Served, req: EmbeddingsRequest, *, small: bool = Fal
 async def _vectors(served: Served, model: str, texts: list[str], truncate: bool,
                    dimensions: int | None, small: bool) -> tuple[list[list[float]], int]:
     ids = await off_loop(_tokens, served.engine.tokenizer, texts,
-                         served.engine.info.context_length, truncate, inline=small)
+                         served.engine.info.context_length, truncate,
+                         served.embeddings.check_total, inline=small)
     wire = OpenAIEmbeddings.model_construct(
         model=model, input=ids, encoding_format="float", dimensions=dimensions, user=None,
         truncate_prompt_tokens=None)
@@ -61,13 +63,15 @@ async def _vectors(served: Served, model: str, texts: list[str], truncate: bool,
     return [d["embedding"] for d in answer["data"]], answer["usage"]["prompt_tokens"]
 
 
-def _tokens(tokenizer: Tokenizer, texts: list[str], limit: int, truncate: bool
-            ) -> list[list[int]]:
+def _tokens(tokenizer: Tokenizer, texts: list[str], limit: int, truncate: bool,
+            check_total: Callable[[int], None]) -> list[list[int]]:
     """Each text's tokens, cut to ``limit`` (keeping the closing token the tokenizer adds)
-    or refused when ``truncate`` is off."""
+    or refused when ``truncate`` is off; ``check_total`` refuses a request whose tokens
+    pass the service's bound as soon as they do (the service counts them again)."""
     added = tokenizer.encode("")            # what the tokenizer puts around every input
     closing = added[-1] if len(added) >= 2 else None
     out: list[list[int]] = []
+    total = 0
     for i, text in enumerate(texts):
         if not text:
             raise InvalidRequestError("an input is empty", param=f"input[{i}]")
@@ -80,5 +84,7 @@ def _tokens(tokenizer: Tokenizer, texts: list[str], limit: int, truncate: bool
                     param=f"input[{i}]")
             end = [closing] if closing is not None and ids[-1] == closing else []
             ids = ids[:limit - len(end)] + end
+        total += len(ids)
+        check_total(total)
         out.append(ids)
     return out

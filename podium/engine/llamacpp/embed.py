@@ -7,10 +7,15 @@ least the model's context), reads each sequence's pooled vector (the pooling lla
 from the file: mean, CLS or last token), normalizes it when the model does, and hands each
 request its vectors once all of its inputs are done.
 
-Priority: the waiting inputs are kept in order of their request's priority, higher first (a
-new request's inputs go after every waiting input of its priority or higher, before the
-lower ones), and each decode takes from the front. An interactive request (0) queued behind
-a batch request's 2,048 inputs (-1) waits only for the decode in progress.
+Priority and fairness: each decode takes its inputs from the requests of the highest
+priority waiting, one input from each in turn (round-robin; lower priorities fill what room
+is left). An interactive request (0) queued behind a batch request's 2,048 inputs (-1) waits
+only for the decode in progress; so does a 1-input request queued behind another request's
+2,048 inputs of its own priority: it shares the next decode, instead of waiting minutes for
+the whole list.
+
+Leaving: a request whose caller stopped waiting (its client gone: its task cancelled) is
+dropped when the next decode is packed, so at most the decode in progress is spent on it.
 
 Why 512 tokens a decode, not more: llama.cpp attends over every token of a decode at once
 (other sequences' masked out, but computed), so attention grows with the square of the
@@ -27,11 +32,11 @@ MB for MiniLM); its vector differs from the packed one in the last bits (cosine 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import math
 import queue
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +76,8 @@ class _Job:
     priority: int = 0
     vectors: list[list[float] | None] = field(default_factory=list)
     left: int = 0
-    failed: bool = False
+    failed: bool = False            # nothing more of it is wanted (its caller left, or it failed)
+    taken: int = 0                  # inputs handed to a decode so far (worker thread only)
 
 
 class LlamaEmbedder:
@@ -149,8 +155,9 @@ class LlamaEmbedder:
         finally:
             self._queued -= len(inputs)
             self.stats["waiting"] -= len(inputs)
-            if not job.done.done():
-                job.failed = True           # the caller left: its rest is skipped
+            # However the wait ended, nothing more is wanted: a caller who left (its task
+            # cancelled) cancelled ``job.done`` too, so "not done" cannot tell it apart.
+            job.failed = True
 
     async def score(self, query: list[int], documents: list[list[int]], priority: int = 0
                     ) -> list[float]:
@@ -191,43 +198,41 @@ class LlamaEmbedder:
     # -- the worker thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        pending: list[tuple[_Job, int]] = []        # (job, input index) not yet embedded,
-                                                    # higher priority first
-        while True:
-            block = not pending
-            try:
-                while True:
-                    job = self._jobs.get(block=block)
-                    block = False
-                    if job is None:
-                        self._fail_all(pending)
-                        return
-                    _enqueue(pending, job)
-            except queue.Empty:
-                pass
-            pending = [(job, i) for job, i in pending if not job.failed]
-            if not pending:
-                continue
-            taken, tokens = 0, 0
-            for job, i in pending:
-                n = len(job.inputs[i])
-                if taken == self._n_seq or tokens + n > self._n_batch:
-                    break
-                taken, tokens = taken + 1, tokens + n
-            batch, pending = pending[:taken], pending[taken:]
-            try:
-                vectors = self._decode([job.inputs[i] for job, i in batch])
-            except Exception as exc:  # noqa: BLE001 - the requests are told
-                log.exception("embedding decode failed")
-                for job, _ in batch:
-                    job.failed = True
-                    self._settle(job, exc)
-                continue
-            for (job, i), vector in zip(batch, vectors):
-                job.vectors[i] = vector
-                job.left -= 1
-                if job.left == 0:
-                    self._settle(job, None)
+        waiting = _Waiting()
+        while self._take_new(waiting):
+            pack = waiting.pack(self._n_seq, self._n_batch)
+            if pack:
+                self._embed_pack(pack)
+        self._fail_all(waiting)
+
+    def _take_new(self, waiting: _Waiting) -> bool:
+        """The requests queued since the last decode added to ``waiting`` (waiting for one
+        when there is nothing to do); False once the embedder closes."""
+        block = not waiting
+        try:
+            while True:
+                job = self._jobs.get(block=block)
+                block = False
+                if job is None:
+                    return False
+                waiting.add(job)
+        except queue.Empty:
+            return True
+
+    def _embed_pack(self, pack: list[tuple[_Job, int]]) -> None:
+        try:
+            vectors = self._decode([job.inputs[i] for job, i in pack])
+        except Exception as exc:  # noqa: BLE001 - the requests are told
+            log.exception("embedding decode failed")
+            for job, _ in pack:
+                job.failed = True
+                self._settle(job, exc)
+            return
+        for (job, i), vector in zip(pack, vectors):
+            job.vectors[i] = vector
+            job.left -= 1
+            if job.left == 0 and not job.failed:    # (a caller gone: its loop may be too)
+                self._settle(job, None)
 
     def _decode(self, inputs: list[list[int]]) -> list[list[float]]:
         ctx, b = self._single if len(inputs) == 1 else self._model.ctx, self._batch
@@ -265,13 +270,53 @@ class LlamaEmbedder:
                 job.done.set_result(job.vectors)
         job.loop.call_soon_threadsafe(settle)
 
-    def _fail_all(self, pending: list[tuple[_Job, int]]) -> None:
-        for job in {job for job, _ in pending}:
+    def _fail_all(self, waiting: _Waiting) -> None:
+        for job in waiting.jobs():
             self._settle(job, RuntimeError("the model was unloaded"))
 
 
-def _enqueue(pending: list[tuple[_Job, int]], job: _Job) -> None:
-    """Put ``job``'s inputs after every waiting input of its priority or higher and before
-    the lower ones (``pending`` stays ordered, higher priority first; stable)."""
-    at = bisect.bisect_right(pending, -job.priority, key=lambda entry: -entry[0].priority)
-    pending[at:at] = [(job, i) for i in range(len(job.inputs))]
+class _Waiting:
+    """The requests whose inputs wait to be embedded (the worker thread's alone): a queue
+    of requests per priority. A decode is packed from the highest priority down, one input
+    of each request in turn, so every request waiting at a priority advances at the same
+    pace, however many inputs it brought. Packing costs O(inputs taken + requests dropped)."""
+
+    def __init__(self) -> None:
+        self._levels: dict[int, deque[_Job]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._levels)
+
+    def add(self, job: _Job) -> None:
+        self._levels.setdefault(job.priority, deque()).append(job)
+
+    def jobs(self) -> list[_Job]:
+        return [job for level in self._levels.values() for job in level]
+
+    def pack(self, n_seq: int, n_batch: int) -> list[tuple[_Job, int]]:
+        """The next decode's (request, input index) pairs: at most ``n_seq`` inputs of at
+        most ``n_batch`` tokens together. Requests no longer wanted are dropped here; an
+        input that does not fit ends the pack and leads the next one."""
+        pack: list[tuple[_Job, int]] = []
+        tokens = 0
+        for priority in sorted(self._levels, reverse=True):
+            level = self._levels[priority]
+            while level and len(pack) < n_seq:
+                job = level[0]
+                if job.failed:
+                    level.popleft()
+                    continue
+                n = len(job.inputs[job.taken])
+                if tokens + n > n_batch:
+                    break
+                pack.append((job, job.taken))
+                job.taken, tokens = job.taken + 1, tokens + n
+                if job.taken == len(job.inputs):
+                    level.popleft()
+                else:
+                    level.rotate(-1)        # its next input after every other request's
+            if not level:
+                del self._levels[priority]
+            if len(pack) == n_seq or (level and not level[0].failed):
+                break
+        return pack
