@@ -23,7 +23,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from podium.errors import PodiumError, anthropic_body, error_body, ollama_body
+from podium.errors import ModelUnloaded, PodiumError, anthropic_body, error_body, ollama_body
 from podium.render.base import HOLE, KEEPALIVE, Shape
 
 
@@ -195,7 +195,9 @@ class SSEResponse(Response):
                 await send({"type": "http.response.body", "body": encode(obj),
                             "more_body": True})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
-            if not isinstance(exc, PodiumError) or exc.status_code >= 500:
+            if isinstance(exc, ModelUnloaded):      # an operator's act, not a fault
+                log.info("stream ended: %s", exc.message)
+            elif not isinstance(exc, PodiumError) or exc.status_code >= 500:
                 log.exception("stream failed")
             await self._end(send, exc)
             return

@@ -12,6 +12,7 @@ cut.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from contextlib import aclosing
@@ -215,10 +216,13 @@ def _events(body: str) -> list[dict]:
 @pytest.mark.parametrize("path,body", [
     ("/v1/chat/completions", CHAT),
     ("/v1/completions", {"model": SERVED, "prompt": "Hi"})])
-def test_chat_and_completions_streams_end_with_an_error_then_done(one, path, body):
+def test_chat_and_completions_streams_end_with_an_error_then_done(one, path, body, caplog):
     c = one(CutEngine, [LONG])
-    text = c.post(path, json={**body, "stream": True}).text
+    with caplog.at_level(logging.INFO, logger="podium.server.sse"):
+        text = c.post(path, json={**body, "stream": True}).text
     _no_abort(text)
+    # the operator's act is a line in the log, not a failure's traceback
+    assert [r.exc_info for r in caplog.records if r.name == "podium.server.sse"] == [None]
     assert text.endswith("data: [DONE]\n\n")
     events = _events(text)
     assert events[-1]["error"]["code"] == "model_unloaded"
