@@ -92,8 +92,9 @@ QUESTION = "What is 1234 + 4321? Use the add tool, then say the result."
 
 def test_the_loop_runs_and_the_output_reaches_the_answer(client, podium, mcp_url):
     # One call, then a round offered no tools (max_tool_calls): a 0.5B model left to itself
-    # calls again and again. 5555 is in no prompt but the tool's output.
-    body = {"model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": 40,
+    # calls again and again. 5555 is in no prompt but the tool's output. max_output_tokens
+    # is the whole response's (both rounds share it): room for the call and the answer.
+    body = {"model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": 100,
             "tools": [calc(mcp_url, require_approval="never")], "tool_choice": forced("add"),
             "max_tool_calls": 1}
     plain = client.responses.create(**body)
