@@ -55,6 +55,8 @@ def serve(settings: Settings) -> None:
 
 
 def _serve(settings: Settings, runner: asyncio.Runner) -> None:
+    from podium.engine.llamacpp import threads
+    threads.configure(settings.thread_wait)     # before llama.cpp (and OpenMP) loads
     from podium.catalog import catalog
     from podium.server.app import create_app
     from podium.server.lifecycle import Server

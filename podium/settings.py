@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 ENV_PREFIX = "PODIUM_"
+THREAD_WAITS = ("brief", "spin", "openmp", "sleep")     # engine/llamacpp/threads.py's WAITS
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -210,6 +211,13 @@ class Settings:
         "with a 400 grammar_too_costly error instead of slowing every other stream (0: no "
         "limit).")
     threads: int = _opt(0, "CPU threads for decoding (0: the number of cores).")
+    thread_wait: str = _opt(
+        "brief", "llama.cpp engine: how its threads wait for each other inside a decode "
+        "(OpenMP's wait): brief (spin 300 times, then sleep: full speed on a quiet machine, "
+        "and no collapse when other work wants the cores), openmp (OpenMP's default, "
+        "Podium's before: spin 300,000 times; collapses 50-100x beside other work), spin "
+        "(never sleep), sleep (sleep at once: 40% slower alone). OMP_WAIT_POLICY or "
+        "GOMP_SPINCOUNT set in the environment win over it.", choices=THREAD_WAITS)
     batch_size: int = _opt(128, "Tokens per prompt-processing chunk; prefix reuse keeps whole "
                            "chunks, and a long prompt holds running streams one chunk at a time.")
     engine: str = _opt(
@@ -256,6 +264,9 @@ class Settings:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not "
                                  f"{getattr(self, name)}")
+        if self.thread_wait not in THREAD_WAITS:
+            raise ValueError(f"--thread-wait must be one of {', '.join(THREAD_WAITS)}, not "
+                             f"{self.thread_wait!r}")
         if self.stream_keepalive_seconds < 0:
             raise ValueError(f"--stream-keepalive-seconds must be 0 (none) or more, not "
                              f"{self.stream_keepalive_seconds}")
@@ -348,7 +359,7 @@ def build_parser(cls: type = Settings, parser: argparse.ArgumentParser | None = 
                                 help=help_text)
         else:
             parser.add_argument(flag, type=_KINDS.get(f.type, str), default=None,
-                                help=help_text)
+                                help=help_text, choices=f.metadata.get("choices"))
     return parser
 
 
