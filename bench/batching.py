@@ -11,8 +11,12 @@ a separate venv (~/.cache/podium-bench/llama-server; the wheel comes from pip's 
     .venv/bin/python bench/batching.py [--tokens 128] [--threads 2] [--fast]
                                        [--skip-llama-server]
 
-Targets: Podium at 4 streams >= 2x its single stream; single stream >= 95% of the raw loop;
-no failed or interrupted request at any concurrency.
+Also the ceiling: the bare batched llama_decode's tokens/s at each level on the engine's
+own context (the same weights, attention and row groups as each Podium mode), and Podium's
+aggregate as a ratio to it.
+
+Targets: Podium's aggregate >= 0.95 of the bare decode's ceiling at 4 and 8 streams; single
+stream >= 95% of the raw loop; no failed or interrupted request at any concurrency.
 """
 
 from __future__ import annotations
@@ -174,6 +178,49 @@ def measure(name: str, cmd: list[str], port: int, ready: str, model: str, tokens
             proc.kill()
 
 
+def ceiling(rows: int, tokens: int, threads: int, deterministic: bool) -> float:
+    """The bare batched decode's tokens/s at ``rows`` sequences: llama_decode alone (no
+    sampling, no server), one token a sequence a step, on the engine's own context (Podium's
+    LlamaModel with the engine's weights and attention for the mode; the deterministic
+    mode's steps cut into groups of at most ``INVARIANT_ROWS`` rows, as the engine cuts
+    them). What batching can reach on this machine: Podium's aggregate is measured against
+    it."""
+    import llama_cpp
+
+    from podium.engine.llamacpp.engine import INVARIANT_ROWS
+    from podium.engine.llamacpp.model import LlamaModel
+    from podium.engine.llamacpp.model_files import default_model_path
+
+    model = LlamaModel(default_model_path(), n_ctx=1024, n_batch=128, n_threads=threads,
+                       n_seq_max=rows, extra_buffers=not deterministic,
+                       flash_attention=not deterministic)
+    prompt = list(range(1000, 1032))
+    batch = llama_cpp.llama_batch_init(max(128, rows), 0, 1)
+
+    def decode(entries: list[tuple[int, int, int]]) -> None:
+        for n, (token, pos, seq) in enumerate(entries):
+            batch.token[n], batch.pos[n], batch.n_seq_id[n] = token, pos, 1
+            batch.seq_id[n][0], batch.logits[n] = seq, True
+        batch.n_tokens = len(entries)
+        if llama_cpp.llama_decode(model.ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+
+    try:
+        for seq in range(rows):                         # each sequence's prompt
+            decode([(t, i, seq) for i, t in enumerate(prompt)])
+        group = INVARIANT_ROWS if deterministic else rows
+        start = time.perf_counter()
+        for step in range(tokens):
+            pos = len(prompt) + step
+            for first in range(0, rows, group):
+                decode([(1000 + step % 500, pos, seq)
+                        for seq in range(first, min(rows, first + group))])
+        return rows * tokens / (time.perf_counter() - start)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        model.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=128)
@@ -209,12 +256,21 @@ def main() -> None:
                                  "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
                                  "--host", "127.0.0.1", "--port", str(port)],
             port, "/v1/models", str(model_path), args.tokens, levels, args.repeat)
+    ceilings = {(mode, n): statistics.median(
+        ceiling(n, args.tokens, args.threads, mode == "podium") for _ in range(args.repeat))
+        for mode in results if mode.startswith("podium") for n in levels}
     print()
+    for (mode, n), rate in ceilings.items():
+        print(f"{'ceiling ' + ('deterministic' if mode == 'podium' else 'fast'):>24} "
+              f"c={n}: {rate:6.1f} tok/s (bare batched llama_decode)")
     for name, res in results.items():
         single = res[levels[0]]["tok_s"]
         print(f"{name}: single stream decodes at {res[levels[0]]['decode']:.1f} tok/s after its "
               f"first token, {res[levels[0]]['decode'] / raw:.2f} of raw; " + ", ".join(
             f"c={n} {res[n]['tok_s'] / single:.2f}x single" for n in levels[1:]))
+        if (name, levels[0]) in ceilings:
+            print(f"{'':>{len(name) + 2}}aggregate / the bare decode's ceiling: " + ", ".join(
+                f"c={n} {res[n]['tok_s'] / ceilings[(name, n)]:.2f}" for n in levels))
 
 
 if __name__ == "__main__":
