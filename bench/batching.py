@@ -13,7 +13,9 @@ a separate venv (~/.cache/podium-bench/llama-server; the wheel comes from pip's 
 
 Also the ceiling: the bare batched llama_decode's tokens/s at each level on the engine's
 own context (the same weights, attention and row groups as each Podium mode), and Podium's
-aggregate as a ratio to it.
+aggregate as a ratio to it: over the whole run (prefills included, which the ceiling has
+not), and while every stream decodes (from the last stream's first token to the first
+stream's end: like with like).
 
 Targets: Podium's aggregate >= 0.95 of the bare decode's ceiling at 4 and 8 streams; single
 stream >= 95% of the raw loop; no failed or interrupted request at any concurrency.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import subprocess
 import sys
@@ -74,6 +77,7 @@ async def one_stream(client: httpx.AsyncClient, url: str, model: str, topic: str
                 for choice in chunk.get("choices") or ():
                     if (choice.get("delta") or {}).get("content"):
                         s.tokens += 1
+                        s.stamps.append(time.perf_counter())
                         if s.ttft is None:
                             s.ttft = time.perf_counter() - s.start
     except httpx.HTTPError as exc:
@@ -97,7 +101,12 @@ def summary(results: list[Stream]) -> dict:
     ttfts = [s.ttft for s in results if s.ttft is not None]
     decode = [(s.tokens - 1) / (s.end - s.start - s.ttft) for s in results
               if s.ttft is not None and s.tokens > 1]
+    # every stream decoding at once: from the last first token to the first stream's end
+    first = max((s.stamps[0] if s.stamps else math.inf) for s in results)
+    last = min((s.stamps[-1] if s.stamps else -math.inf) for s in results)
+    inside = sum(first < t <= last for s in results for t in s.stamps)
     return {"tok_s": sum(s.tokens for s in results) / wall,
+            "steady": inside / (last - first) if last > first else float("nan"),
             "decode": statistics.median(decode) if decode else float("nan"),
             "ttft_p50": statistics.median(ttfts) if ttfts else float("nan"),
             "ttft_max": max(ttfts) if ttfts else float("nan"),
@@ -270,7 +279,10 @@ def main() -> None:
             f"c={n} {res[n]['tok_s'] / single:.2f}x single" for n in levels[1:]))
         if (name, levels[0]) in ceilings:
             print(f"{'':>{len(name) + 2}}aggregate / the bare decode's ceiling: " + ", ".join(
-                f"c={n} {res[n]['tok_s'] / ceilings[(name, n)]:.2f}" for n in levels))
+                f"c={n} {res[n]['tok_s'] / ceilings[(name, n)]:.2f}" for n in levels)
+                + "; while every stream decodes (no prefill): " + ", ".join(
+                f"c={n} {res[n]['steady']:.1f} tok/s, {res[n]['steady'] / ceilings[(name, n)]:.2f}"
+                for n in levels))
 
 
 if __name__ == "__main__":
