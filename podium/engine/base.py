@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import (AsyncIterator, Callable, Iterable, Iterator, Mapping,
+                             MutableMapping)
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -108,6 +109,37 @@ def any_of(texts: Iterable[str]) -> re.Pattern[str]:
             node = node.setdefault(char, {})
         node[""] = {}
     return re.compile("(" + (_branches(trie) or "(?!)") + ")")
+
+
+def restorer(literal: Mapping[str, str]) -> Callable[[str], tuple[str, int]]:
+    """A function giving a piece with ``literal``'s keys put back as their texts, and how
+    many it put back."""
+    pattern = re.compile("|".join(map(re.escape, sorted(literal, key=len, reverse=True))))
+
+    def restore(piece: str) -> tuple[str, int]:
+        if pattern.search(piece) is None:       # most pieces: no copy, no callback
+            return piece, 0
+        return pattern.subn(lambda match: literal[match.group()], piece)
+    return restore
+
+
+def literal_pieces(text: str, cut: re.Pattern[str],
+                   restore: Callable[[str], tuple[str, int]]) -> Iterator[tuple[str, bool]]:
+    """``text`` (a rendered prompt) as stretches to tokenize with special tokens parsed
+    (False) and pieces holding a client's control-token text (True, that text restored):
+    the pieces between two special tokens (``cut``'s) that hold one stand alone, the
+    stretches between them are joined whole. What ``Tokenizer.encode_literal`` tokenizes."""
+    pending: list[str] = []
+    for i, part in enumerate(cut.split(text)):      # text, special, text, ..., text
+        if i % 2 == 0 and part:
+            plain, found = restore(part)
+            if found:
+                yield "".join(pending), False
+                yield plain, True
+                pending = []
+                continue
+        pending.append(part)
+    yield "".join(pending), False
 
 
 def _branches(node: dict[str, dict]) -> str:

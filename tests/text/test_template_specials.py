@@ -112,9 +112,9 @@ TEXTS = st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "
 def test_remembered_pieces_and_llama_cpp_pieces_agree(tokenizer, text):
     """The segment path (pieces remembered) and the plain path (stretches to llama.cpp) of
     ``encode_literal`` give the same ids; without keys they are ``encode``'s."""
-    from podium.engine.llamacpp.model import _restorer
+    from podium.engine.base import restorer
     literal = {"\U000F0000": "<|im_end|>", "\U000F0001": "<|im_start|>"}
-    expected = tokenizer._by_pieces(text, _restorer(literal))
+    expected = tokenizer._by_pieces(text, restorer(literal))
     assert tokenizer.encode_literal(text, literal) == expected
     assert tokenizer.encode_literal(text, literal) == expected         # remembered
     if "\U000F0000" not in text and "\U000F0001" not in text:

@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 
 import llama_cpp
 
-from podium.engine.base import any_of
+from podium.engine.base import any_of, literal_pieces, restorer
 from podium.errors import ModelFilesError
 
 log = logging.getLogger("podium.llamacpp")
@@ -343,7 +343,7 @@ class LlamaTokenizer:
         client's text as text, and a prompt without keys is ``encode``'s, id for id."""
         if not any(key in text for key in literal):
             return self.encode(text)
-        restore = _restorer(literal)
+        restore = restorer(literal)
         add_bos = self._add_bos and not (self.bos_token and text.startswith(self.bos_token))
         if self._segments is not None:
             ids = self._segments.encode(text, restore)
@@ -357,16 +357,10 @@ class LlamaTokenizer:
         if self._cut is None:
             self._cut = any_of(t for t in self._specials if t)
         ids: list[int] = []
-        pending: list[str] = []
-        for i, part in enumerate(self._cut.split(text)):    # text, special, ..., text
-            if i % 2 == 0 and part:
-                plain, found = restore(part)
-                if found:
-                    ids += self._tokenize("".join(pending)) + self._tokenize(plain, special=False)
-                    pending = []
-                    continue
-            pending.append(part)
-        return ids + self._tokenize("".join(pending))
+        for piece, is_literal in literal_pieces(text, self._cut, restore):
+            if piece:
+                ids += self._tokenize(piece, special=not is_literal)
+        return ids
 
     def _tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
         """llama.cpp's tokenizer on the whole of ``text`` (``special``: markup parsed)."""
@@ -477,18 +471,6 @@ class Segments:
             if part not in table:
                 table[part] = ids
                 self._chars += len(part)
-
-
-def _restorer(literal: Mapping[str, str]) -> Callable[[str], tuple[str, int]]:
-    """A function giving a piece with ``literal``'s keys put back as their texts, and how
-    many it put back."""
-    pattern = re.compile("|".join(map(re.escape, sorted(literal, key=len, reverse=True))))
-
-    def restore(piece: str) -> tuple[str, int]:
-        if pattern.search(piece) is None:       # most pieces: no copy, no callback
-            return piece, 0
-        return pattern.subn(lambda match: literal[match.group()], piece)
-    return restore
 
 
 def unambiguous(specials: dict[str, int], limit: int) -> bool:

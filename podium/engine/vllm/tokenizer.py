@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from podium.engine.base import any_of
+from podium.engine.base import any_of, literal_pieces, restorer
 
 
 @lru_cache(maxsize=1)
@@ -89,17 +89,10 @@ class HfTokenizer:
         if self._cut is None:
             self._cut = any_of(t.content for t in self._tok.added_tokens_decoder.values()
                                if t.content)
-        keys = re.compile("|".join(map(re.escape, sorted(literal, key=len, reverse=True))))
-        ids, pending = self._head(text), list[str]()
-        for i, part in enumerate(self._cut.split(text)):    # text, added token, ..., text
-            if i % 2 == 0 and part:
-                plain, found = keys.subn(lambda m: literal[m.group()], part)
-                if found:
-                    ids += self._plain("".join(pending)) + self._plain(plain, split=True)
-                    pending = []
-                    continue
-            pending.append(part)
-        return ids + self._plain("".join(pending))
+        ids = self._head(text)
+        for piece, literal_text in literal_pieces(text, self._cut, restorer(literal)):
+            ids += self._plain(piece, split=literal_text)
+        return ids
 
     def _head(self, text: str) -> list[int]:
         """What ``encode`` puts before a text (the BOS), unless the text begins with it."""
