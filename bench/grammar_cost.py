@@ -131,6 +131,8 @@ async def main() -> None:
             try:
                 grammar = (schema_grammar(schema, "response_format.json_schema.schema")
                            if schema is not None else None)
+                if grammar is not None and hasattr(engine, "check_grammar"):
+                    engine.check_grammar(grammar)     # compiled as a request's worker would
             except PodiumError as exc:
                 print(f"{name} ({size} B): refused with {exc.status_code}: "
                       f"{str(exc)[:140]}")

@@ -81,6 +81,9 @@ class Tool:
     description: str | None = None
     where: str = "tools"        # the caller's parameter for its schema
     strict: bool = False        # every schema keyword must be enforced (else 400)
+    grammar: tuple[str, str] | None = None  # a custom tool's input: (syntax "lark" or
+    #                                         "regex", definition); None: a function, or
+    #                                         a custom tool of free text
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from podium.conversation import Conversation, Options
 from podium.dialect import Dialect
 from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelUnloaded
-from podium.grammar import check_strict
+from podium.grammar import check_schema
 from podium.parsing.events import Usage
 from podium.render.base import Folding, Renderer
 from podium.settings import Settings
@@ -107,11 +107,12 @@ def check_options(options: Options) -> None:
         raise InvalidRequestError(f"tool_choice names function {named!r}, which is not in "
                                   f"tools", param="tool_choice")
     for tool in options.tools:
-        if tool.strict:
-            check_strict(tool.parameters, tool.where, f"Function {tool.name!r} parameters: ")
+        if tool.strict and tool.grammar is None:
+            check_schema(tool.parameters, tool.where, True,
+                         f"Function {tool.name!r} parameters: ")
     fmt = options.response_format
     if fmt is not None and fmt.strict:
-        check_strict(fmt.schema, fmt.where)
+        check_schema(fmt.schema, fmt.where, True)
 
 
 def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, options: Options,
@@ -124,6 +125,8 @@ def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, option
     check_options(options)
     prompt = dialect.prompt(conversation, options)
     grammar = dialect.constraint(options)      # built once, shared by the n choices
+    if grammar is not None:
+        engine.check_grammar(grammar)
     context, asked = engine.info.context_length, options.max_tokens
     if options.fit_max_tokens and asked is not None:
         asked = max(1, min(asked, context - len(prompt.token_ids),

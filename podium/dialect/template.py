@@ -20,7 +20,8 @@ from podium.conversation import Conversation, Message, Options, ResponseFormat
 from podium.dialect.base import Prompt
 from podium.engine.base import SamplingParams, Tokenizer
 from podium.errors import InvalidRequestError
-from podium.grammar import json_object_grammar, schema_grammar, tool_call_grammar
+from podium.grammar import (custom_input, json_object_grammar, schema_grammar,
+                            tool_call_grammar)
 from podium.parsing.pipeline import OutputParser
 from podium.parsing.registry import (build_reasoning_parser, build_tool_parser,
                                      detect_reasoning_parser, detect_tool_parser)
@@ -91,10 +92,19 @@ class TemplateDialect:
     def constraint(self, options: Options) -> str | None:
         if options.forced_call:
             family = "hermes" if self.tool_family == "hermes" else "json"
+            tools = [t for t in options.tools if t.name in tool_set(options).schemas]
+            custom, rules = {}, []
+            for i, t in enumerate(tools):
+                if t.grammar is not None:
+                    custom[t.name], more = custom_input(*t.grammar, t.where, f"podium_ct{i}")
+                    rules.append(more)
             return tool_call_grammar(
-                tool_set(options).schemas, family,
+                {t.name: t.parameters for t in tools}, family,
                 parallel=options.parallel_tool_calls and options.tool_choice == "required",
-                params={t.name: t.where for t in options.tools})
+                specials=self._tokenizer.grammar_specials,
+                params={t.name: t.where for t in tools},
+                strict={t.name for t in tools if t.strict}, custom=custom,
+                rules="\n".join(rules))
         return format_grammar(options.response_format)
 
     def sampling(self, params: SamplingParams) -> None:
@@ -118,7 +128,7 @@ def format_grammar(fmt: ResponseFormat | None) -> str | None:
         return None
     if fmt.kind == "json_object":
         return json_object_grammar()
-    return schema_grammar(fmt.schema or {}, fmt.where)
+    return schema_grammar(fmt.schema or {}, fmt.where, fmt.strict)
 
 
 def tool_set(options: Options) -> ToolSet:

@@ -34,7 +34,7 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
-    grammar: str | None = None          # GBNF (root rule "root") the output must match
+    grammar: str | None = None          # llguidance grammar (podium.grammar) the output must match
 
 
 @dataclass(slots=True)
@@ -86,6 +86,9 @@ class Tokenizer(Protocol):
     # the texts of the control tokens (end of turn, start of turn ...): special-token markup
     # that plain text never becomes, so client text holding one must not be read as it
     control_texts: frozenset[str]
+    # the specials a constraint grammar names as tokens (``<tool_call>`` written as the one
+    # token, not as its text): as the engine's grammar backend reads the vocabulary
+    grammar_specials: frozenset[str]
 
     def encode(self, text: str, *, add_special: bool = True) -> list[int]:
         """Token ids for ``text``, special-token markup in it parsed (a raw prompt)."""
@@ -253,6 +256,10 @@ class Engine(Protocol):
         """Raise ``InvalidRequestError`` (400) if ``n`` requests could never be held at once,
         ``RateLimited`` (429) if they cannot be queued now. Callers queue them (``generate``)
         in the same event-loop step, with no await between."""
+    def check_grammar(self, grammar: str) -> None:
+        """Make ``grammar`` (``SamplingParams.grammar``) ready to constrain this model's
+        output, on the caller's thread (a request's worker thread, never the event loop):
+        ``InvalidRequestError`` (400) when it cannot."""
     def generate(self, request: EngineRequest) -> Generation:
         """Queue ``request`` now; its outputs. Closing them early, or dropping them unread,
         aborts the request."""

@@ -95,6 +95,9 @@ class ScriptedEngine:
         ids = self.tokenizer.encode(reply, add_special=False) if isinstance(reply, str) else reply
         return list(ids) + ([self._eos] if self._eos is not None else [])
 
+    def check_grammar(self, grammar: str) -> None:
+        pass                    # a script is not constrained (capabilities.grammar)
+
     def check_room(self, n: int = 1) -> None:
         """400 when ``n`` requests exceed ``max_num_seqs`` + ``max_queued``, 429 when they
         do not fit beside those already queued or running; no limit without ``max_num_seqs``."""

@@ -901,9 +901,7 @@ def test_listings_are_bounded_in_tools_and_pages(app, hostile):
 
 
 def test_an_odd_tool_is_left_out_not_the_request(app, hostile, caplog):
-    deep = {"type": "object"}
-    for _ in range(40):         # nested past what the grammar checks accept
-        deep = {"type": "object", "properties": {"a": deep}}
+    deep = {"type": "object", "properties": {"a": {"type": "frog"}}}   # no grammar can be made
     hostile.listing = lambda cursor: {"tools": [
         {"name": "good", "inputSchema": {"type": "object", "properties": {
             "n": {"type": "integer"}}}},

@@ -40,7 +40,7 @@ import httpx2
 
 from podium.errors import InvalidRequestError
 from podium.generation import off_loop
-from podium.grammar import schema_grammar
+from podium.grammar import check_schema
 from podium.protocol.chat import TOOL_NAME_PATTERN
 
 log = logging.getLogger(__name__)
@@ -616,7 +616,7 @@ def usable(tools: list[Obj], label: str) -> list[Obj]:
             reason = "its input_schema is not a JSON schema object"
         else:
             try:
-                schema_grammar(schema, "input_schema")
+                check_schema(schema, "input_schema")
             except InvalidRequestError as exc:
                 reason = f"its input_schema: {exc.message}"
         if reason is not None:

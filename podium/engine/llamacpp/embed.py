@@ -174,6 +174,9 @@ class LlamaEmbedder:
         return [1 / (1 + math.exp(-max(-60.0, min(60.0, out[0]))))
                 for out in await self.embed(pairs, priority)]
 
+    def check_grammar(self, grammar: str) -> None:
+        pass                    # check_room refuses generation on this model first
+
     def check_room(self, n: int = 1) -> None:
         if self.kind == "rerank":
             raise InvalidRequestError(f"'{self.info.served_name}' is a reranker: it serves "

@@ -69,7 +69,8 @@ from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
 from podium.engine.jobs import Job, JobOutputs
 from podium.engine.llamacpp.model import Interrupt, LlamaModel, LlamaTokenizer, shut_down
-from podium.engine.llamacpp.sampling import Prefixes, Sampler, logits_row, token_logprob
+from podium.engine.llamacpp.constraint import Grammars
+from podium.engine.llamacpp.sampling import Sampler, logits_row, token_logprob
 from podium.errors import InvalidRequestError, Overloaded
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,8 @@ class LlamaCppEngine:
         self._rows = INVARIANT_ROWS if deterministic else n_batch
         self._max_queued = max_queued
         self._grammar_ms = grammar_ms_per_token
-        self._prefixes: Prefixes | None = None      # made at the first grammar
+        self._grammars = Grammars(self._model.vocab, self._n_vocab,
+                                  self.tokenizer.eos_token_ids)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
         self._mem = llama_cpp.llama_get_memory(self._model.ctx)
         self._interrupt = Interrupt(self._model.ctx)
@@ -193,6 +195,9 @@ class LlamaCppEngine:
         if self.stats["waiting"] + n > self._max_queued + self._free_slots():
             raise Overloaded(f"The server is busy ({self.stats['running']} sequences running, "
                               f"{self.stats['waiting']} queued); retry shortly", retry_after=1)
+
+    def check_grammar(self, grammar: str) -> None:
+        self._grammars.check(grammar)
 
     def _free_slots(self) -> int:
         return max(0, len(self._slots) - self.stats["running"])
@@ -343,12 +348,10 @@ class LlamaCppEngine:
         slot.cached = slot.cached[:keep]
         slot.chunk = step
         if parked is None:
-            if req.sampling.grammar is not None and self._prefixes is None:
-                self._prefixes = Prefixes(self._model.vocab, self._n_vocab,
-                                         self.tokenizer.eos_token_ids)
-            slot.sampler = Sampler(req.sampling, self._n_vocab, self._model.vocab,
-                                   grammar_budget=self._grammar_ms / 1000,
-                                   prefixes=self._prefixes)
+            grammar = req.sampling.grammar
+            slot.sampler = Sampler(req.sampling, self._n_vocab,
+                                   self._grammars.matcher(grammar) if grammar else None,
+                                   grammar_budget=self._grammar_ms / 1000)
             slot.generated, slot.cached_tokens = 0, keep
             self.stats["requests"] += 1
         else:
@@ -451,7 +454,8 @@ class LlamaCppEngine:
             slot.generated += 1
             self.stats["generated_tokens"] += 1
             finish: FinishReason | None = None
-            if token in params.stop_token_ids or (token in eog and not params.ignore_eos):
+            if token in params.stop_token_ids or (token in eog and not (
+                    params.ignore_eos and not sampler.constrained)):
                 finish = "stop"
             elif slot.generated >= params.max_tokens or len(slot.cached) + 1 >= self._n_ctx:
                 finish = "length"

@@ -264,6 +264,7 @@ class LlamaTokenizer:
         self.eos_token = self._text(llama_cpp.llama_vocab_eos(self._vocab))
         self.eos_token_ids, self._specials = self._scan(model.path)
         self.control_texts = self._controls()
+        self.grammar_specials = self._grammar_specials()
         self._bos_id = llama_cpp.llama_vocab_bos(self._vocab)
         self._segments = Segments.for_vocab(self) if (
             llama_cpp.llama_vocab_type(self._vocab) == llama_cpp.LLAMA_VOCAB_TYPE_BPE
@@ -274,6 +275,22 @@ class LlamaTokenizer:
         """The tokens llama.cpp finds in text as special (control, user-defined, unknown),
         by their text, and whether any strips the blanks beside it (``""`` maps to -1)."""
         return dict(self._specials)
+
+    def _grammar_specials(self) -> frozenset[str]:
+        """The specials a grammar names as tokens (``<tool_call>``): llguidance's reading of
+        a llama.cpp vocabulary (``llguidance.llamacpp``) takes control tokens, and
+        user-defined ones written like markup, as special tokens, not as their text."""
+        out = set()
+        for text, token in self._specials.items():
+            ids = [token] if token >= 0 else self._tokenize(text)
+            if not text or len(ids) != 1:
+                continue
+            attr = llama_cpp.llama_vocab_get_attr(self._vocab, ids[0])
+            if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL or (
+                    attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+                    and text.startswith("<") and text.endswith(">")):
+                out.add(text)
+        return frozenset(out)
 
     def _controls(self) -> frozenset[str]:
         """The specials llama.cpp does not find in text with ``parse_special`` off: control

@@ -16,7 +16,8 @@ which aborts it in the engine core.
 Podium keeps its own detokenizer, stop strings and parsers: requests go with
 ``detokenize=False`` and stop token ids only (Podium's end-of-generation ids, unless
 ``ignore_eos``). The stop token comes back with the last output and is counted
-(``stopped_by_token``). A grammar goes as vLLM structured outputs (GBNF, through xgrammar).
+(``stopped_by_token``). A grammar (llguidance's Lark) goes as vLLM structured outputs,
+through its ``guidance`` backend.
 
 Priority: vLLM's scheduler runs with ``scheduling_policy="priority"``, and a request goes
 with ``priority=-request.priority`` (vLLM runs the lowest value first, Podium the highest).
@@ -221,8 +222,14 @@ class VllmEngine:
         """Build the ``AsyncLLM`` on its own loop (its output handler starts there)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")         # vLLM's and torch's import-time noise
+            from vllm.config import StructuredOutputsConfig
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
+
+            # Podium's grammars are llguidance's (Lark with inline JSON schemas): vLLM's
+            # guidance backend compiles them as the llama.cpp engine does
+            args.setdefault("structured_outputs_config",
+                            StructuredOutputsConfig(backend="guidance"))
 
             logger_class = _stat_logger_class()
             logger_class.engine = self
@@ -302,6 +309,9 @@ class VllmEngine:
             return await every()
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(every(),
                                                                           self._loop))
+
+    def check_grammar(self, grammar: str) -> None:
+        pass                    # vLLM compiles it with its guidance backend when it starts
 
     def check_room(self, n: int = 1) -> None:
         """400 when ``n`` requests exceed ``max_num_seqs`` + ``max_queued``, 429 when they do

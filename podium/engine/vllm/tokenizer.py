@@ -53,6 +53,7 @@ class HfTokenizer:
         self._added = {i: t.content for i, t in added.items() if not t.special}
         self.control_texts = frozenset(t.content for t in added.values()
                                        if t.special and t.content)
+        self.grammar_specials = self.control_texts
         self._cut: re.Pattern[str] | None = None
         self._byte_level = "ByteLevel" in json.dumps(
             json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {})

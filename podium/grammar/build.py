@@ -1,0 +1,177 @@
+"""Constraints on decoding, stated as llguidance grammars.
+
+Every constraint a client can send becomes one grammar in llguidance's Lark syntax (JSON
+schemas inline, as ``%json {...}``): ``response_format`` (``json_object``, ``json_schema``),
+a forced tool call in the family's own markup, and a custom tool's input. llguidance
+(Microsoft's constraint engine, the one vLLM's ``guidance`` backend, SGLang and llama.cpp's
+``%llguidance`` use) compiles it against the model's vocabulary and masks each step in tens
+of microseconds; its parser limits (``LIMITS``) bound what one grammar may cost, per step and
+in all, so a grammar over them is a 400 at request time, never a slow stream.
+
+Schema keywords: what llguidance enforces is enforced (docs/json_schema.md of llguidance, and
+the README's table). A keyword it cannot enforce is a 400 naming
+it when the caller asked for ``strict``; otherwise it is left out with a warning in the log,
+as OpenAI's non-strict mode describes the schema to the model without promising it.
+
+Markup such as ``<tool_call>`` is written as a special token where the model's vocabulary has
+it as one (``<tool_call>`` in the grammar: the one token the model was trained to write),
+and as text otherwise; ``specials`` (the tokenizer's ``grammar_specials``) says which.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from llguidance import LLMatcher, LLParserLimits
+
+from podium.errors import InvalidRequestError
+from podium.grammar.escaped import quoted_lark
+
+log = logging.getLogger(__name__)
+
+# llguidance's parser limits, stated (its own defaults: the measured costs are in its docs):
+# Earley items a mask step may make (~20k/ms), lexer work a step may do (~14k/ms), lexer
+# fuel to build a grammar's regexes (~50k/ms), lexer states in all (1-2 kB each), the
+# grammar's size in symbols, and the branching of one production
+LIMITS = {
+    "step_max_items": 50_000,
+    "step_lexer_fuel": 200_000,
+    "initial_lexer_fuel": 1_000_000,
+    "max_lexer_states": 250_000,
+    "max_grammar_size": 500_000,
+    "max_items_in_row": 2_000,
+}
+# JSON as models write it: any JSON whitespace between tokens, at most 64 characters at one
+# place (enough for an indented line; a small model that would pad forever cannot)
+JSON_OPTIONS: dict[str, Any] = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,64}"}
+
+
+class Grammar(str):
+    """A grammar's text, and the request parameter it was made from (for errors found
+    when an engine compiles or applies it)."""
+
+    param: str | None = None
+
+
+def limits() -> LLParserLimits:
+    return LLParserLimits(verbose_errors=False, **LIMITS)  # type: ignore[arg-type]
+
+
+def schema_grammar(schema: Any, param: str, strict: bool = False,
+                   prefix: str = "JSON schema: ") -> Grammar:
+    """The grammar of JSON valid against ``schema``; a 400 naming ``param`` when llguidance
+    cannot make one, or (``strict``) when the schema has a keyword it would not enforce."""
+    return _checked(f"start: {_json(schema, strict, param)}\n", param, prefix)
+
+
+def json_object_grammar() -> Grammar:
+    return schema_grammar({"type": "object"}, "response_format")
+
+
+def check_schema(schema: Any, param: str, strict: bool = False,
+                 prefix: str = "JSON schema: ") -> None:
+    """A 400 naming ``param`` when ``schema`` cannot constrain output (see
+    ``schema_grammar``): for schemas checked before any grammar is made (strict tools)."""
+    schema_grammar(schema if schema is not None else {}, param, strict, prefix)
+
+
+def tool_call_grammar(tools: Mapping[str, Any], family: str, parallel: bool,
+                      specials: Collection[str] = (), params: Mapping[str, str] | None = None,
+                      strict: Collection[str] = (), custom: Mapping[str, str] | None = None,
+                      rules: str = "") -> Grammar:
+    """At least one call (several when ``parallel``) to one of ``tools``, each call
+    ``{"name": ..., "arguments": ...}`` with arguments valid against the tool's schema.
+
+    ``family`` "hermes": each call inside ``<tool_call>`` markup, one per line; otherwise the
+    bare JSON the fallback parser reads (a list of them when ``parallel``). ``custom`` maps a
+    custom tool's name to the Lark expression its quoted input must match (``custom_input``;
+    ``rules``: the Lark rules those expressions name). ``params`` names each tool's parameter in the
+    request for errors; ``strict`` the tools whose every keyword must be enforced.
+    """
+    params = params or {}
+    custom = custom or {}
+    for name, schema in tools.items():       # each refusal names its own tool
+        if name not in custom:
+            check_schema(schema or {}, params.get(name, "tools"), name in strict,
+                         f"Function {name!r} parameters: ")
+    alternatives = []
+    for i, (name, schema) in enumerate(tools.items()):
+        if name in custom:
+            head = json.dumps(json.dumps({"name": name, "arguments": {"input": ""}})[:-4])
+            alternatives.append(f"{head} {custom[name]} {json.dumps('}}')}")
+        else:
+            alternatives.append(_json({
+                "type": "object",
+                "properties": {"name": {"const": name},
+                               "arguments": schema or {"type": "object"}},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }, name in strict, params.get(name, "tools")))
+    lines = ["podium_call: " + "\n    | ".join(alternatives)]
+    if family == "hermes":
+        lines.append(f'podium_one: {_markup("<tool_call>", specials)} "\\n" podium_call '
+                     f'"\\n" {_markup("</tool_call>", specials)}')
+        start = 'podium_one ("\\n" podium_one)*' if parallel else "podium_one"
+    else:
+        start = ('"[" podium_call ("," " "? podium_call)* "]"' if parallel
+                 else "podium_call")
+    only = params.get(next(iter(tools)), "tools") if len(tools) == 1 else "tools"
+    return _checked("\n".join([f"start: {start}", *lines, rules]), only,
+                    "tool_choice: the forced call's grammar: ")
+
+
+def custom_input(syntax: str, definition: str, param: str, prefix: str
+                 ) -> tuple[str, str]:
+    """A custom tool's input as the JSON string a call's arguments carry it in: the Lark
+    rule for the quoted string, and the rules (names starting ``prefix``) that define it
+    (``escaped.quoted_lark``: the grammar of the input's JSON-escaped form)."""
+    return f"{prefix}_input", quoted_lark(syntax, definition, param, prefix)
+
+
+def _json(schema: Any, strict: bool, param: str) -> str:
+    """``schema`` inline in Lark, with Podium's JSON options (``lenient`` unless strict: a
+    keyword llguidance cannot enforce is then left out, with a warning)."""
+    if not isinstance(schema, dict):
+        if isinstance(schema, bool):
+            schema = {} if schema else {"not": {}}
+        else:
+            raise InvalidRequestError("JSON schema: a schema must be an object or a "
+                                      "boolean", param=param)
+    options = {**JSON_OPTIONS, "lenient": not strict}
+    body = {k: v for k, v in schema.items() if k != "x-guidance"}
+    return "%json " + json.dumps({"x-guidance": options, **body}, ensure_ascii=False)
+
+
+def _markup(text: str, specials: Collection[str]) -> str:
+    return text if text in specials else json.dumps(text)
+
+
+def _checked(grammar: str, param: str, prefix: str) -> Grammar:
+    """``grammar`` once llguidance accepts it (without a vocabulary: the engine checks that
+    part when it compiles it); its warnings (keywords left out) logged."""
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, None, limits=limits())
+    if failed:
+        raise InvalidRequestError(f"{prefix}{_said(messages[0])}", param=param)
+    for message in messages:
+        if not message.startswith(_NO_VOCABULARY):
+            log.warning("%s (%s): %s", param, prefix.rstrip(": "), _said(message))
+    made = Grammar(grammar)
+    made.param = param
+    return made
+
+
+_NO_VOCABULARY = "no tokenizer"     # special tokens are checked when the engine compiles
+_LOCATION = re.compile(r"^at \d+\(\d+\): ")
+
+
+def _said(message: str, limit: int = 300) -> str:
+    """llguidance's message without its quote of the grammar (which may be a large schema):
+    its first line, less the position in Podium's grammar text the caller never saw."""
+    line = _LOCATION.sub("", message.strip().split("\n", 1)[0])
+    line = line.removeprefix("failed to compile JSON schema: ")
+    return line if len(line) <= limit else line[:limit] + "..."
+
