@@ -77,6 +77,10 @@ class Settings:
         multiple=True)
     cors_origins: list[str] = _opt(
         (), "Origins allowed by CORS ('*' for any); repeat for several.", multiple=True)
+    ui: bool = _opt(
+        True, "Serve the web UI (chat with the served models, and the server at a glance) "
+        "to browsers at / (other clients' GET / stays Ollama's probe). It is static and "
+        "calls the API with the key typed into it: it reaches nothing that key cannot.")
     max_body_bytes: int = _opt(8 * 1024 * 1024, "Largest request body accepted (413 beyond).")
     max_file_bytes: int = _opt(
         200 * 1024 * 1024, "Largest file a /v1/files upload may hold (413 beyond; "

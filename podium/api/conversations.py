@@ -144,6 +144,13 @@ class ConversationsService:
         items = self._items(req.items, owner)
         return await self._store.create(new_item_id("conv"), owner, metadata, items)
 
+    async def list_conversations(self, *, after: str | None, limit: int, order: str,
+                   owner: str = NO_OWNER) -> Obj:
+        """The owner's conversations, a page at a time, as OpenAI's lists are (a web page
+        or a second device finds its history here)."""
+        found, more = await self._store.page(owner, after=after, limit=limit, order=order)
+        return _page(found, more)
+
     async def retrieve(self, conversation_id: str, owner: str = NO_OWNER) -> Obj:
         found = await self._store.get(conversation_id, owner)
         if found is None:

@@ -27,7 +27,7 @@ from podium.protocol.embeddings import EmbeddingsRequest, RerankRequest
 from podium.protocol.messages import CountTokensRequest, MessagesRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.protocol.tokenize import DetokenizeRequest, TokenizeRequest
-from podium.server import batches, errors, files, ollama_chat, ollama_models, ops
+from podium.server import batches, errors, files, ollama_chat, ollama_models, ops, ui
 from podium.server.edge import (ERRORS, EVERY_KIND, HELD, STREAMING, json_response, keeper,
                                 model_of, owner_of, respond)
 from podium.server.lifecycle import Drain
@@ -126,6 +126,7 @@ def create_app(settings: Settings, served: Engine | list[ModelConfig],
     _embedding_routes(app)
     ops.routes(app)
     _middleware(app, settings, metrics)
+    ui.install(app, settings.ui)
     return app
 
 
@@ -260,6 +261,13 @@ def _conversation_routes(app: FastAPI) -> None:
     async def create_conversation(body: ConversationCreateRequest, request: Request):
         return json_response(await request.app.state.conversations.create(body,
                                                                            owner_of(request)))
+
+    @app.get("/v1/conversations", responses=ERRORS)
+    async def list_conversations(request: Request, after: str | None = None,
+                                 limit: int = Query(20, ge=1, le=100),
+                                 order: Literal["asc", "desc"] = "desc"):
+        return json_response(await request.app.state.conversations.list_conversations(
+            after=after, limit=limit, order=order, owner=owner_of(request)))
 
     @app.get("/v1/conversations/{conversation_id}", responses=ERRORS)
     async def get_conversation(conversation_id: str, request: Request):

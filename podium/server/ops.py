@@ -128,10 +128,12 @@ def _model_routes(app: FastAPI) -> None:
 def _health_routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health(request: Request):
-        """Alive (the process answers), with each model's state and counters (a server of
-        one model: its engine's counters as ``engine`` too)."""
-        entries = models_of(request).entries()
-        body: dict[str, Any] = {"status": "ok",
+        """Alive (the process answers), with the memory budget (bytes; null: none), each
+        model's state and counters (a server of one model: its engine's counters as
+        ``engine`` too)."""
+        models = models_of(request)
+        entries = models.entries()
+        body: dict[str, Any] = {"status": "ok", "memory_budget": models.budget or None,
                                 "models": {e.name: _stats(e) for e in entries}}
         if len(entries) == 1 and entries[0].state == "loaded":
             body["engine"] = dict(entries[0].engine.engine.stats)

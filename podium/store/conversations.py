@@ -6,7 +6,7 @@ one row per item, keyed by (conversation, position). The methods run on a worker
 like ``SQLStore``'s, and the driver's operational failures leave as ``StoreUnavailable``.
 
 Ownership: a conversation belongs to the API key that made it (``owner``), and every read,
-write and delete filters by it in SQL: another owner's conversation is as missing as one
+listing, write and delete filters by it in SQL: another owner's conversation is as missing as one
 that never was.
 
 Appending: positions are allocated inside the appending transaction. Its first statement
@@ -43,6 +43,8 @@ conversations = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False, index=True),
     sa.Column("meta", sa.Text, nullable=False),          # the metadata object, as JSON
     sa.Column("next_position", sa.Integer, nullable=False),
+    # the listing's order within an owner (made at start in a database older than it)
+    sa.Index("ix_podium_conversations_owner", "owner", "created_at", "id"),
 )
 conversation_items = sa.Table(
     "podium_conversation_items", metadata,
@@ -80,6 +82,7 @@ class ConversationStore:
     def __init__(self, engine: sa.Engine):
         self.engine = engine
         metadata.create_all(engine, tables=[conversations, conversation_items])
+        _add_owner_index(engine)
 
     async def _run(self, fn, *args):
         with _mapped():
@@ -109,6 +112,28 @@ class ConversationStore:
         with self.engine.connect() as db:
             row = _row(db, conversation_id, owner)
         return None if row is None else _conversation(row)
+
+    async def page(self, owner: str, *, after: str | None, limit: int, order: str
+                   ) -> tuple[list[Obj], bool]:
+        """A page of the owner's conversations by creation (``created_at``, then ``id``),
+        and whether more follow. ``after`` is a conversation id (one the owner no longer
+        has: from the start, as an item cursor)."""
+        return await self._run(self._page, owner, after, limit, order)
+
+    def _page(self, owner: str, after: str | None, limit: int, order: str
+              ) -> tuple[list[Obj], bool]:
+        c = conversations.c
+        query = sa.select(c.id, c.created_at, c.meta).where(c.owner == owner)
+        key = sa.tuple_(c.created_at, c.id)
+        with self.engine.connect() as db:
+            cursor = None if after is None else _row(db, after, owner)
+            if cursor is not None:
+                at = sa.tuple_(sa.literal(cursor.created_at, sa.Float), sa.literal(cursor.id))
+                query = query.where(key > at if order == "asc" else key < at)
+            query = query.order_by(*((c.created_at, c.id) if order == "asc"
+                                     else (c.created_at.desc(), c.id.desc())))
+            rows = db.execute(query.limit(limit + 1)).all()
+        return [_conversation(r) for r in rows[:limit]], len(rows) > limit
 
     async def update(self, conversation_id: str, owner: str, meta: dict[str, str]) -> Obj | None:
         return await self._run(self._update, conversation_id, owner, meta)
@@ -275,3 +300,15 @@ def _insert_items(db: sa.Connection, conversation_id: str, start: int, items: li
         db.execute(sa.insert(conversation_items), [
             {"conversation_id": conversation_id, "position": start + i, "item_id": item["id"],
              "body": _dumps(item)} for i, item in enumerate(items)])
+
+
+def _add_owner_index(engine: sa.Engine) -> None:
+    """The listing's index, in a database made before it (replicas starting together: one
+    makes it, the others find it made)."""
+    index = next(i for i in conversations.indexes if i.name == "ix_podium_conversations_owner")
+    try:
+        index.create(engine, checkfirst=True)
+    except sa.exc.DBAPIError:
+        if index.name not in {i["name"] for i in sa.inspect(engine).get_indexes(
+                conversations.name)}:
+            raise

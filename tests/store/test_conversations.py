@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from podium.store.conversations import ConversationStore, ItemIdTaken
 
@@ -140,3 +141,37 @@ def test_prune_by_last_update(open_store):
             assert db.exec_driver_sql("SELECT count(*) FROM podium_conversation_items "
                                       "WHERE conversation_id = 'conv_old'").scalar() == 0
     asyncio.run(run())
+
+
+def test_listing_pages_by_owner_in_creation_order(open_store):
+    """The owner's conversations only, oldest or newest first, a page and a cursor at a
+    time; the listing's index is there (made at start in a database without it too)."""
+    engine = open_store().engine
+    store = ConversationStore(engine)
+
+    async def run():
+        for n in range(5):
+            await store.create(f"conv_a{n}", "key_a", {"title": f"t{n}"}, [item(n)])
+        await store.create("conv_b0", "key_b", {}, [])
+        page, more = await store.page("key_a", after=None, limit=2, order="desc")
+        assert [c["id"] for c in page] == ["conv_a4", "conv_a3"] and more
+        assert page[0] == {"id": "conv_a4", "object": "conversation",
+                           "created_at": page[0]["created_at"], "metadata": {"title": "t4"}}
+        page, more = await store.page("key_a", after="conv_a3", limit=2, order="desc")
+        assert [c["id"] for c in page] == ["conv_a2", "conv_a1"] and more
+        page, more = await store.page("key_a", after="conv_a1", limit=2, order="desc")
+        assert [c["id"] for c in page] == ["conv_a0"] and not more
+        page, more = await store.page("key_a", after="conv_a1", limit=10, order="asc")
+        assert [c["id"] for c in page] == ["conv_a2", "conv_a3", "conv_a4"] and not more
+        # another owner's id is no cursor: from the start
+        page, _ = await store.page("key_a", after="conv_b0", limit=1, order="asc")
+        assert [c["id"] for c in page] == ["conv_a0"]
+        assert await store.page("key_c", after=None, limit=10, order="desc") == ([], False)
+        assert [c["id"] for c in (await store.page("key_b", after=None, limit=10,
+                                                   order="desc"))[0]] == ["conv_b0"]
+    asyncio.run(run())
+    with engine.begin() as db:
+        db.execute(sa.text("DROP INDEX ix_podium_conversations_owner"))
+    ConversationStore(engine)
+    assert "ix_podium_conversations_owner" in {
+        i["name"] for i in sa.inspect(engine).get_indexes("podium_conversations")}
