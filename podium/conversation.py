@@ -86,6 +86,21 @@ class Tool:
     #                                         a custom tool of free text
 
 
+# A custom tool as the model sees it: a function of one string.
+CUSTOM_INPUT: dict[str, Any] = {"type": "object", "properties": {"input": {"type": "string"}},
+                                "required": ["input"]}
+
+
+def custom_tool(name: str, description: str | None, grammar: tuple[str, str] | None,
+                where: str) -> Tool:
+    """A custom tool (free text in, or a grammar's language), offered to the model as a
+    function of one ``input`` string: every family's call markup and chat template knows
+    functions, none knows custom tools. ``where``: the caller's parameter for the grammar."""
+    hint = "(Put the whole input in the 'input' field.)"
+    return Tool(name, CUSTOM_INPUT, f"{description} {hint}" if description else hint,
+                where=where, grammar=grammar)
+
+
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
     kind: Literal["json_object", "json_schema"]

@@ -7,19 +7,22 @@ terms; from there ``generation.prepare`` and the model's dialect do the rest, an
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, AsyncGenerator
 
 from podium.api import common
 from podium.api.common import sampling_params, stop_strings
 from podium.conversation import (Conversation, Message, Options, Reasoning, TextPart, Tool,
-                                 ToolCall)
+                                 ToolCall, custom_tool)
 from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import InvalidRequestError
 from podium.generation import Prepared, drive, fold, new_id, off_loop, prepare, start
 from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, NamedToolChoice,
                                   ToolMessage)
+from podium.protocol.chat import Tool as WireTool
+from podium.protocol.chat import ToolCall as WireToolCall
 from podium.protocol.chat import Message as WireMessage
 from podium.protocol.chat import TextPart as WireTextPart
 from podium.render.chat import ChatChunks, ChatFold
@@ -42,12 +45,13 @@ class ChatService:
         start(self._engine, choices)
         head = (new_id("chatcmpl"), int(time.time()), req.model, self._engine.tokenizer,
                 req.logprobs, self._settings.reasoning_field)
+        custom = frozenset(t.name for t in req.tools or () if t.type == "custom")
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             return drive(self._engine, choices,
-                         ChatChunks(*head, n=req.n, include_usage=bool(usage)),
+                         ChatChunks(*head, n=req.n, include_usage=bool(usage), custom=custom),
                          keepalive=self._settings.stream_keepalive_seconds)
-        return await fold(self._engine, choices, ChatFold(*head, n=req.n))
+        return await fold(self._engine, choices, ChatFold(*head, n=req.n, custom=custom))
 
     def _prepare(self, req: ChatCompletionRequest) -> Prepared:
         opts = options(req, self._engine.tokenizer.vocab_size)
@@ -73,11 +77,8 @@ def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
         seed=req.seed,
         stop=stop_strings(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-        tools=[Tool(t.function.name, t.function.parameters, t.function.description,
-                    where=f"tools[{i}].function.parameters", strict=t.function.strict is True)
-               for i, t in enumerate(req.tools or ())],
-        tool_choice=(choice.function.name if isinstance(choice, NamedToolChoice)
-                     else choice or "auto"),
+        tools=[_tool(t, f"tools[{i}]") for i, t in enumerate(req.tools or ())],
+        tool_choice=choice.name if isinstance(choice, NamedToolChoice) else choice or "auto",
         parallel_tool_calls=req.parallel_tool_calls is not False,
         response_format=response_format,
         reasoning_effort=req.reasoning_effort,
@@ -85,6 +86,17 @@ def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
         chat_template=req.chat_template,
         chat_template_kwargs=req.chat_template_kwargs,
         add_generation_prompt=req.add_generation_prompt)
+
+
+def _tool(tool: WireTool, where: str) -> Tool:
+    if tool.type == "custom":
+        c = tool.custom
+        assert c is not None                # (the wire model's check)
+        return custom_tool(c.name, c.description, c.grammar, f"{where}.custom.format")
+    f = tool.function
+    assert f is not None
+    return Tool(f.name, f.parameters, f.description, where=f"{where}.function.parameters",
+                strict=f.strict is True)
 
 
 def conversation(req: ChatCompletionRequest) -> Conversation:
@@ -101,9 +113,19 @@ def _message(message: WireMessage, where: str) -> Message:
         reasoning = message.reasoning_content or message.reasoning
         if reasoning:
             out.reasoning = Reasoning(reasoning)
-        out.tool_calls = [ToolCall(c.id, c.function.name, c.function.arguments)
-                          for c in message.tool_calls or ()]
+        out.tool_calls = [_call(c) for c in message.tool_calls or ()]
     return out
+
+
+def _call(call: WireToolCall) -> ToolCall:
+    """A call as the model wrote it: a custom tool's input as its one argument."""
+    if call.type == "custom":
+        c = call.custom
+        assert c is not None                # (the wire model's check)
+        return ToolCall(call.id, c.name, json.dumps({"input": c.input}, ensure_ascii=False))
+    f = call.function
+    assert f is not None
+    return ToolCall(call.id, f.name, f.arguments)
 
 
 def _parts(content: Any, where: str) -> list[TextPart]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 from podium.protocol.common import LENIENT, SamplingFields
 
@@ -49,11 +49,25 @@ class FunctionCall(BaseModel):
     arguments: str
 
 
+class CustomCall(BaseModel):
+    model_config = LENIENT
+    name: str
+    input: str
+
+
 class ToolCall(BaseModel):
+    """A function's call, or (``type: "custom"``) a custom tool's."""
+
     model_config = LENIENT
     id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
+    type: Literal["function", "custom"] = "function"
+    function: FunctionCall | None = None
+    custom: CustomCall | None = None
+
+    @model_validator(mode="after")
+    def _filled(self) -> ToolCall:
+        _check_kind(self, self.type)
+        return self
 
 
 class SystemMessage(BaseModel):
@@ -113,10 +127,76 @@ class FunctionDefinition(BaseModel):
     strict: bool | None = None
 
 
-class Tool(BaseModel):
+MAX_GRAMMAR_BYTES = 64 * 1024
+
+
+def _bounded(definition: str) -> str:
+    if len(definition.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+        raise ValueError(f"a grammar is limited to {MAX_GRAMMAR_BYTES} bytes of UTF-8")
+    return definition
+
+
+# A custom tool's grammar (Lark or a regular expression), bounded: the engine compiles it.
+GrammarDefinition = Annotated[str, AfterValidator(_bounded)]
+
+
+class Grammar(BaseModel):
     model_config = LENIENT
-    type: Literal["function"]
-    function: FunctionDefinition
+    syntax: Literal["lark", "regex"]
+    definition: GrammarDefinition
+
+
+class CustomFormat(BaseModel):
+    model_config = LENIENT
+    type: Literal["text", "grammar"]
+    grammar: Grammar | None = None
+
+    @model_validator(mode="after")
+    def _filled(self) -> CustomFormat:
+        if self.type == "grammar" and self.grammar is None:
+            raise ValueError("a format of type 'grammar' needs its 'grammar'")
+        return self
+
+
+class CustomDefinition(BaseModel):
+    model_config = LENIENT
+    name: str = Field(min_length=1, max_length=128, pattern=TOOL_NAME_PATTERN)
+    description: str | None = None
+    format: CustomFormat | None = None
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(syntax, definition), or None for free text."""
+        grammar = self.format and self.format.grammar
+        return (grammar.syntax, grammar.definition) if grammar else None
+
+
+def _check_kind(model: BaseModel, kind: str) -> None:
+    """``function`` or ``custom``: the field of that name is there (one model with both
+    fields rather than a tagged union, so errors name ``tools[0].custom.name``, not
+    ``tools[0].custom.custom.name``)."""
+    if getattr(model, kind) is None:
+        raise ValueError(f"a {kind!r} entry needs its {kind!r} field")
+
+
+class Tool(BaseModel):
+    """A function, or (``type: "custom"``) a custom tool: free text, or a grammar's."""
+
+    model_config = LENIENT
+    type: Literal["function", "custom"]
+    function: FunctionDefinition | None = None
+    custom: CustomDefinition | None = None
+
+    @model_validator(mode="after")
+    def _filled(self) -> Tool:
+        _check_kind(self, self.type)
+        return self
+
+    @property
+    def name(self) -> str:
+        tool = self.function or self.custom
+        assert tool is not None         # (_filled)
+        return tool.name
 
 
 class NamedFunction(BaseModel):
@@ -126,8 +206,20 @@ class NamedFunction(BaseModel):
 
 class NamedToolChoice(BaseModel):
     model_config = LENIENT
-    type: Literal["function"]
-    function: NamedFunction
+    type: Literal["function", "custom"]
+    function: NamedFunction | None = None
+    custom: NamedFunction | None = None
+
+    @model_validator(mode="after")
+    def _filled(self) -> NamedToolChoice:
+        _check_kind(self, self.type)
+        return self
+
+    @property
+    def name(self) -> str:
+        tool = self.function or self.custom
+        assert tool is not None         # (_filled)
+        return tool.name
 
 
 class ResponseFormat(BaseModel):

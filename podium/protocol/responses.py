@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from podium.protocol.chat import GrammarDefinition
 from podium.protocol.common import LENIENT
 
 
@@ -70,6 +71,39 @@ class CustomToolCallOutputItem(BaseModel):
     id: str | None = None
     call_id: str
     output: str | list[Content]
+
+
+class CustomToolFormat(BaseModel):
+    """``{"type": "text"}``, or ``{"type": "grammar", "syntax", "definition"}``."""
+
+    model_config = LENIENT
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: GrammarDefinition | None = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> CustomToolFormat:
+        if self.type == "grammar" and (self.syntax is None or self.definition is None):
+            raise ValueError("a format of type 'grammar' needs its 'syntax' and 'definition'")
+        return self
+
+
+class CustomTool(BaseModel):
+    """A custom tool's fields beyond its name (which the tool map checks, as every tool's)."""
+
+    model_config = LENIENT
+    type: Literal["custom"]
+    description: str | None = None
+    format: CustomToolFormat | None = None
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(syntax, definition), or None for free text."""
+        fmt = self.format
+        if fmt is None or fmt.type == "text":
+            return None
+        assert fmt.syntax is not None and fmt.definition is not None      # (_whole)
+        return fmt.syntax, fmt.definition
 
 
 class ReasoningItem(BaseModel):

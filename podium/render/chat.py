@@ -3,7 +3,10 @@
 Two renderers (``render.base``): ``ChatChunks`` for a stream, ``ChatFold`` for the object;
 the object is the fold of exactly the events the stream renders, so the two cannot
 disagree. A tool call's id, type and name appear once, in its first delta; its
-argument deltas concatenate to the final ``arguments``. Reasoning goes to
+argument deltas concatenate to the final ``arguments``. A custom tool's call (its name in
+``custom``) is ``type: "custom"`` with ``custom: {"name", "input"}``, the input decoded from
+the arguments the model wrote (``render.custom_input``) and streamed as it decodes. Reasoning
+goes to
 ``reasoning_content`` (the field most clients read), ``reasoning``, or both.
 """
 
@@ -14,6 +17,7 @@ from typing import Any
 from podium.engine.base import Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
+from podium.render.custom_input import CustomInput
 from podium.render.logprobs import chat_entry
 from podium.render.base import HOLE, KEEPALIVE, Fold, Shape
 
@@ -53,9 +57,11 @@ class ChatChunks(UsageChunk):
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: bool, reasoning_field: str = "reasoning_content", *, n: int = 1,
-                 include_usage: bool = False):
+                 include_usage: bool = False, custom: frozenset[str] = frozenset()):
         self._head = {"id": completion_id, "object": "chat.completion.chunk",
                       "created": created, "model": model}
+        self._custom = custom
+        self._inputs: dict[tuple[int, int], CustomInput] = {}   # open custom calls
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._reasoning = reasoning_fields(reasoning_field)
@@ -88,24 +94,48 @@ class ChatChunks(UsageChunk):
         if isinstance(event, ReasoningDelta):
             return [self._chunk(index, {f: event.text for f in self._reasoning})]
         if isinstance(event, ToolCallBegin):
-            return [self._chunk(index, {"tool_calls": [{
-                "index": event.index, "id": event.id, "type": "function",
-                "function": {"name": event.name, "arguments": ""}}]})]
+            if event.name in self._custom:
+                self._inputs[index, event.index] = CustomInput()
+                return [self._call(index, event.index, event.id, "custom",
+                                   {"name": event.name, "input": ""})]
+            return [self._call(index, event.index, event.id, "function",
+                               {"name": event.name, "arguments": ""})]
         if isinstance(event, ToolCallArgsDelta):
-            return [self._chunk(index, {"tool_calls": [{
-                "index": event.index, "function": {"arguments": event.text}}]})]
+            decoder = self._inputs.get((index, event.index))
+            if decoder is None:
+                return [self._call(index, event.index, None, "function",
+                                   {"arguments": event.text})]
+            return self._input(index, event.index, decoder.feed(event.text))
+        if isinstance(event, ToolCallEnd):
+            decoder = self._inputs.pop((index, event.index), None)
+            if decoder is None:
+                return []
+            return self._input(index, event.index,
+                               decoder.rest(decoder.result(event.arguments)))
         if isinstance(event, Finish):
             return [self._chunk(index, {}, event.reason)]
         return []
 
 
+    def _call(self, index: int, call: int, call_id: str | None, kind: str,
+              body: dict[str, Any]) -> dict[str, Any]:
+        """A chunk of one tool call: its id and type in the first (``call_id``), then the
+        ``function`` or ``custom`` part alone."""
+        head = {"index": call, "id": call_id, "type": kind} if call_id else {"index": call}
+        return self._chunk(index, {"tool_calls": [{**head, kind: body}]})
+
+    def _input(self, index: int, call: int, text: str) -> list[Any]:
+        return [self._call(index, call, None, "custom", {"input": text})] if text else []
+
+
 class _ChoiceFold:
-    __slots__ = ("text", "reasoning", "calls", "logprobs", "finish")
+    __slots__ = ("text", "reasoning", "calls", "inputs", "logprobs", "finish")
 
     def __init__(self, logprobs: bool):
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
+        self.inputs: dict[int, CustomInput] = {}        # custom calls
         self.logprobs: list | None = [] if logprobs else None
         self.finish: str | None = None
 
@@ -115,9 +145,11 @@ class ChatFold(Fold):
     ``chat.completion`` object, and sends nothing."""
 
     def __init__(self, completion_id: str, created: int, model: str, tokenizer: Tokenizer,
-                 logprobs: bool, reasoning_field: str = "reasoning_content", *, n: int = 1):
+                 logprobs: bool, reasoning_field: str = "reasoning_content", *, n: int = 1,
+                 custom: frozenset[str] = frozenset()):
         self._head = {"id": completion_id, "object": "chat.completion", "created": created,
                       "model": model}
+        self._custom = custom
         self._choices = [_ChoiceFold(logprobs) for _ in range(n)]
         self._tokenizer = tokenizer
         self._reasoning = reasoning_fields(reasoning_field)
@@ -135,12 +167,25 @@ class ChatFold(Fold):
         elif isinstance(event, ReasoningDelta):
             c.reasoning.append(event.text)
         elif isinstance(event, ToolCallBegin):
-            c.calls[event.index] = {"id": event.id, "type": "function",
-                                    "function": {"name": event.name, "arguments": ""}}
+            if event.name in self._custom:
+                c.inputs[event.index] = CustomInput()
+                c.calls[event.index] = {"id": event.id, "type": "custom",
+                                        "custom": {"name": event.name, "input": ""}}
+            else:
+                c.calls[event.index] = {"id": event.id, "type": "function",
+                                        "function": {"name": event.name, "arguments": ""}}
         elif isinstance(event, ToolCallArgsDelta):
-            c.calls[event.index]["function"]["arguments"] += event.text
+            decoder = c.inputs.get(event.index)
+            if decoder is None:
+                c.calls[event.index]["function"]["arguments"] += event.text
+            else:
+                c.calls[event.index]["custom"]["input"] += decoder.feed(event.text)
         elif isinstance(event, ToolCallEnd):
-            c.calls[event.index]["function"]["arguments"] = event.arguments
+            decoder = c.inputs.pop(event.index, None)
+            if decoder is None:
+                c.calls[event.index]["function"]["arguments"] = event.arguments
+            else:
+                c.calls[event.index]["custom"]["input"] = decoder.result(event.arguments)
         elif isinstance(event, Finish):
             c.finish = event.reason
 

@@ -16,7 +16,6 @@ output items, so a response failed after a crash keeps what its log holds.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -24,6 +23,7 @@ from typing import Any, Callable, Iterable
 from podium.engine.base import TokenLogprob, Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
+from podium.render.custom_input import CustomInput
 from podium.render.logprobs import FLOOR
 
 Obj = dict[str, Any]
@@ -81,6 +81,7 @@ class ResponseBuilder:
         self._item: Obj | None = None   # the open output item
         self._parts: list[str] = []     # its text so far
         self._lps: list[Obj] = []       # its logprobs so far
+        self._input = CustomInput()     # its input, if it is a custom tool's call
         self.calls: list[tuple[int, Obj]] = []  # MCP calls the model made, not yet run
         self.ends_turn = False          # a call for the client to answer (set per round)
         self.seq = Sequencer(sink=sink)     # sink: the response's event log, if stored
@@ -153,6 +154,8 @@ class ResponseBuilder:
         if isinstance(event, ToolCallArgsDelta):
             self._parts.append(event.text)
             item = self._item
+            if item is not None and item["type"] == "custom_tool_call":
+                return _input_delta(item, self._index(), self._input.feed(event.text))
             if item is None or item["type"] not in ("function_call", "mcp_call"):
                 return []
             return [{"type": "response.function_call_arguments.delta"
@@ -226,7 +229,9 @@ class ResponseBuilder:
                     "name": tool.name, "arguments": "", "status": "in_progress"}
         elif tool.kind == "custom":
             item = {"id": self._new_id("ctc"), "type": "custom_tool_call",
-                    "call_id": event.id, "name": tool.name, "input": ""}
+                    "call_id": event.id, "name": tool.name, "input": "",
+                    "status": "in_progress"}
+            self._input = CustomInput()
         else:
             item = {"id": self._new_id("fc"), "type": "function_call", "call_id": event.id,
                     "name": tool.name, "arguments": "", "status": "in_progress"}
@@ -262,8 +267,12 @@ class ResponseBuilder:
             self.calls.append((index, item))
             return [{"type": "response.mcp_call_arguments.done", "item_id": item["id"],
                      "output_index": index, "arguments": item["arguments"]}]
-        return close_item(item, "".join(self._parts), self._lps, index, status=status,
-                          seal=self._seal)
+        text, events = "".join(self._parts), []
+        if item["type"] == "custom_tool_call":      # the input, decoded from the arguments
+            text = self._input.result(text)
+            events = _input_delta(item, index, self._input.rest(text))
+        return events + close_item(item, text, self._lps, index, status=status,
+                                   seal=self._seal)
 
     # -- MCP: listings, and the calls Podium runs ---------------------------------------
 
@@ -357,16 +366,26 @@ def close_item(item: Obj, text: str, logprobs: list[Obj], index: int, *,
         item["arguments"] = text
     elif kind == "mcp_list_tools":
         item.setdefault("error", "The listing was cut short")
-    else:   # custom tool call: the input is the one string argument
-        item["input"] = _custom_input(text)
+    else:   # a custom tool's call: ``text`` is its input
+        item.update(status=status, input=text)
+        events = [{"type": "response.custom_tool_call_input.done", **base, "input": text}]
     return events + [{"type": "response.output_item.done", "output_index": index,
                       "item": item}]
+
+
+def _input_delta(item: Obj, index: int, text: str) -> list[Obj]:
+    """More of a custom tool call's input, if there is more."""
+    if not text:
+        return []
+    return [{"type": "response.custom_tool_call_input.delta", "item_id": item["id"],
+             "output_index": index, "delta": text}]
 
 
 # -- the fold of a logged stream ----------------------------------------------------------
 
 _DELTAS = ("response.output_text.delta", "response.reasoning_text.delta",
-           "response.function_call_arguments.delta", "response.mcp_call_arguments.delta")
+           "response.function_call_arguments.delta", "response.mcp_call_arguments.delta",
+           "response.custom_tool_call_input.delta")
 
 
 @dataclass
@@ -414,16 +433,6 @@ def recover(events: Iterable[Obj]) -> tuple[list[Obj], list[Obj]]:
         closing += [e for e in close_item(output[index], "".join(item.parts), item.logprobs,
                                           index, status="incomplete") if item.missing(e)]
     return output, closing
-
-
-def _custom_input(arguments: str) -> str:
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments
-    if isinstance(value, dict) and isinstance(value.get("input"), str):
-        return value["input"]
-    return arguments
 
 
 def usage_object(u: Usage) -> Obj:

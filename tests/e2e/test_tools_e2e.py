@@ -1,6 +1,7 @@
 """Tool calls and structured output on the real default model, through the openai SDK."""
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -134,3 +135,44 @@ def test_tool_choice_none_means_no_calls(client):
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
                                        tool_choice="none", max_tokens=30, temperature=0)
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason != "tool_calls"
+
+
+SUM = r"[0-9]{1,4} [+*-] [0-9]{1,4}"       # a custom tool's regex grammar
+CALC = {"name": "calc", "description": "Evaluate an arithmetic expression",
+        "format": {"type": "grammar", "syntax": "regex", "definition": SUM}}
+MATH = [{"role": "user", "content": "What is 12 times 7? Use the calculator."}]
+
+
+def test_a_forced_custom_tool_comes_back_in_openais_shapes(client):
+    """Responses and Chat, streamed: the custom call's input streams as the decoded string
+    and matches its grammar; the folded items are OpenAI's ``custom_tool_call`` and
+    ``tool_calls[].custom``."""
+    fmt = CALC["format"]
+    with client.responses.stream(model=MODEL, input=MATH, max_output_tokens=40,
+                                 tools=[{"type": "custom", **CALC}],
+                                 tool_choice={"type": "custom", "name": "calc"}) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    [made] = [item for item in final.output if item.type == "custom_tool_call"]
+    deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+    [done] = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert made.name == "calc" and made.call_id and deltas == done.input == made.input
+    assert re.fullmatch(SUM, made.input), made.input
+
+    grammar = {"type": "grammar", "grammar": {"syntax": fmt["syntax"],
+                                              "definition": fmt["definition"]}}
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=MATH, max_tokens=40, stream=True,
+        tools=[{"type": "custom", "custom": {**CALC, "format": grammar}}],
+        tool_choice={"type": "custom", "custom": {"name": "calc"}})
+    calls = [t for chunk in chunks if chunk.choices
+             for t in chunk.choices[0].delta.tool_calls or ()]
+    first = calls[0]
+    assert first.type == "custom" and first.id and _field(first.custom, "name") == "calc"
+    text = "".join(_field(t.custom, "input") or "" for t in calls)
+    assert re.fullmatch(SUM, text), text
+
+
+def _field(custom, name: str):
+    """A field of a chunk's ``custom``: a dict in SDKs that predate it, a model after."""
+    return custom.get(name) if isinstance(custom, dict) else getattr(custom, name)

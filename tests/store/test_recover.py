@@ -12,7 +12,7 @@ from podium.render.responses import ResponseBuilder, Sequencer, recover, respons
 from tests.server.responses_check import check_stream
 
 DELTAS = ("response.output_text.delta", "response.reasoning_text.delta",
-          "response.function_call_arguments.delta")
+          "response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
 
 
 def logged_stream() -> tuple[list[dict], list[dict]]:
@@ -29,8 +29,8 @@ def logged_stream() -> tuple[list[dict], list[dict]]:
               ToolCallBegin(0, "call_1", "get_weather"), ToolCallArgsDelta(0, '{"city": '),
               ToolCallArgsDelta(0, '"Paris"}'), ToolCallEnd(0, '{"city": "Paris"}'),
               ToolCallBegin(1, "call_2", "apply_patch"),
-              ToolCallArgsDelta(1, '{"input": "*** patch"}'),
-              ToolCallEnd(1, '{"input": "*** patch"}')]:
+              ToolCallArgsDelta(1, '{"input": "*** pa'), ToolCallArgsDelta(1, 'tch\\n"}'),
+              ToolCallEnd(1, '{"input": "*** patch\\n"}')]:
         events += builder.event(0, e)
     builder.event(0, Finish("tool_calls", 12))
     events += builder.close(Usage(3, 12))
@@ -40,6 +40,7 @@ def logged_stream() -> tuple[list[dict], list[dict]]:
 def test_a_whole_log_gives_the_output_it_streamed():
     events, output = logged_stream()
     assert recover(events) == (output, [])
+    assert output[-1]["input"] == "*** patch\n"        # decoded from the arguments
 
 
 def test_an_item_cut_mid_text():
@@ -72,11 +73,8 @@ def test_any_cut_gives_what_was_logged_and_closes_cleanly(cut):
             continue
         text = "".join(e["delta"] for e in log
                        if e["type"] in DELTAS and e["output_index"] == index)
-        if item["type"] == "custom_tool_call":       # its input is not streamed
-            assert item["input"] == ""
-            continue
         assert item["status"] == "incomplete"
-        got = item["arguments"] if item["type"] == "function_call" else \
+        got = item.get("arguments", item.get("input")) if "call" in item["type"] else \
             item["content"][0]["text"]
         assert got == text
     # the log closed with them, then response.failed, is a well-formed stream again

@@ -1,9 +1,10 @@
 """The Responses adapter's translation: its request in the conversation stage's terms.
 
 Input items (messages, function calls and their outputs, reasoning, custom tool calls)
-become a ``Conversation``; Responses tools (functions, namespaces of functions, freeform
-``custom`` tools) become the function ``Tool``s the model sees, with a map back to the names
-and kinds the client expects in the output; the request's other fields become ``Options``.
+become a ``Conversation``; Responses tools (functions, namespaces of functions, ``custom``
+tools of free text or a grammar's) become the function ``Tool``s the model sees, with a map
+back to the names and kinds the client expects in the output; the request's other fields
+become ``Options``.
 Every error names the Responses request's own parameter (``input[2].content``,
 ``tools[1].tools[0].parameters``, ``text.format.schema``).
 """
@@ -25,10 +26,10 @@ from podium.api import common
 from podium.api.responses.mcp import error_text
 from podium.api.sealing import Sealer
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
-                                 Role, TextPart, Tool, ToolCall)
+                                 Role, TextPart, Tool, ToolCall, custom_tool)
 from podium.errors import InvalidRequestError
 from podium.protocol.chat import TOOL_NAME_PATTERN
-from podium.protocol.responses import InputItem, ResponsesRequest
+from podium.protocol.responses import CustomTool, InputItem, ResponsesRequest
 from podium.render.responses import response_skeleton
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,6 @@ _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "
 UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_interpreter",
                      "image_generation", "computer_use_preview", "computer",
                      "local_shell", "shell", "apply_patch", "tool_search"}
-CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}},
-                     "required": ["input"]}
 MAX_ITEM_ID = 64            # as the store's item id columns
 STATUSES = frozenset({"in_progress", "completed", "incomplete"})      # OpenAI's item statuses
 MCP_CALL_STATUSES = STATUSES | {"calling", "failed"}
@@ -148,16 +147,8 @@ class ToolMap:
             raise InvalidRequestError("A tool needs a name", param=f"{where}.name")
         model_name = f"{namespace}__{name}" if namespace else name
         _check_name(name, model_name, f"{where}.name")
-        description = tool.get("description")
-        parameters = (tool.get("parameters") or {"type": "object", "properties": {}}
-                      if kind == "function" else CUSTOM_PARAMETERS)
-        if not isinstance(parameters, dict):
-            raise InvalidRequestError("A function's parameters must be a JSON schema object",
-                                      param=f"{where}.parameters")
-        if kind == "custom":
-            description = (description or "") + " (Put the whole input in the 'input' field.)"
-        self.tools.append(Tool(model_name, parameters, description or None,
-                               where=f"{where}.parameters", strict=tool.get("strict") is True))
+        self.tools.append(_function(tool, model_name, where) if kind == "function"
+                          else _custom(tool, model_name, where))
         self.by_model_name[model_name] = ClientTool(kind, name, namespace)
 
     def add_mcp(self, server: str, tool: dict[str, Any], approval: bool, where: str) -> None:
@@ -204,6 +195,29 @@ class ToolMap:
             return mode
         raise InvalidRequestError(f"tool_choice of type {kind!r} is not supported",
                                   param="tool_choice")
+
+
+def _function(tool: dict[str, Any], model_name: str, where: str) -> Tool:
+    parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise InvalidRequestError("A function's parameters must be a JSON schema object",
+                                  param=f"{where}.parameters")
+    return Tool(model_name, parameters, tool.get("description") or None,
+                where=f"{where}.parameters", strict=tool.get("strict") is True)
+
+
+def _custom(tool: dict[str, Any], model_name: str, where: str) -> Tool:
+    """A custom tool, its format checked (a grammar's syntax, its size)."""
+    try:
+        custom = CustomTool.model_validate(tool)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        param = f"{where}.{field}" if field else where
+        raise InvalidRequestError(f"Invalid custom tool {param}: {first['msg']}",
+                                  param=param) from None
+    return custom_tool(model_name, custom.description or None, custom.grammar,
+                       f"{where}.format")
 
 
 def _check_name(name: Any, model_name: Any, where: str) -> None:
