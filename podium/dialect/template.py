@@ -90,7 +90,13 @@ class TemplateDialect:
     # -- constraint ---------------------------------------------------------------------
 
     def constraint(self, options: Options) -> str | None:
-        if options.forced_call:
+        """A forced call's grammar; under ``auto``, with a custom tool of a grammar offered
+        to a Hermes model, the grammar of text then calls (a call the model starts is held
+        to it: Codex sends ``apply_patch`` so); else the response format's, or None."""
+        auto = (options.offers_tools and not options.forced_call
+                and self.tool_family == "hermes"
+                and any(t.grammar is not None for t in options.tools))
+        if options.forced_call or auto:
             family = "hermes" if self.tool_family == "hermes" else "json"
             tools = [t for t in options.tools if t.name in tool_set(options).schemas]
             custom, rules = {}, []
@@ -100,11 +106,12 @@ class TemplateDialect:
                     rules.append(more)
             return tool_call_grammar(
                 {t.name: t.parameters for t in tools}, family,
-                parallel=options.parallel_tool_calls and options.tool_choice == "required",
+                parallel=options.parallel_tool_calls and options.tool_choice in ("required",
+                                                                                 "auto"),
                 specials=self._tokenizer.grammar_specials,
                 params={t.name: t.where for t in tools},
                 strict={t.name for t in tools if t.strict}, custom=custom,
-                rules="\n".join(rules))
+                rules="\n".join(rules), text_first=auto)
         return format_grammar(options.response_format)
 
     def sampling(self, params: SamplingParams) -> None:

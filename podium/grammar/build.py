@@ -9,7 +9,7 @@ of microseconds; its parser limits (``LIMITS``) bound what one grammar may cost,
 in all, so a grammar over them is a 400 at request time, never a slow stream.
 
 Schema keywords: what llguidance enforces is enforced (docs/json_schema.md of llguidance, and
-the README's table). A keyword it cannot enforce is a 400 naming
+the README's table made from ``keyword_support``). A keyword it cannot enforce is a 400 naming
 it when the caller asked for ``strict``; otherwise it is left out with a warning in the log,
 as OpenAI's non-strict mode describes the schema to the model without promising it.
 
@@ -82,9 +82,11 @@ def check_schema(schema: Any, param: str, strict: bool = False,
 def tool_call_grammar(tools: Mapping[str, Any], family: str, parallel: bool,
                       specials: Collection[str] = (), params: Mapping[str, str] | None = None,
                       strict: Collection[str] = (), custom: Mapping[str, str] | None = None,
-                      rules: str = "") -> Grammar:
+                      rules: str = "", text_first: bool = False) -> Grammar:
     """At least one call (several when ``parallel``) to one of ``tools``, each call
     ``{"name": ..., "arguments": ...}`` with arguments valid against the tool's schema.
+    ``text_first`` (``tool_choice: auto``, Hermes markup only): any text first, then calls
+    or none; a call the model starts (its ``<tool_call>`` token) is held to the grammar.
 
     ``family`` "hermes": each call inside ``<tool_call>`` markup, one per line; otherwise the
     bare JSON the fallback parser reads (a list of them when ``parallel``). ``custom`` maps a
@@ -96,32 +98,38 @@ def tool_call_grammar(tools: Mapping[str, Any], family: str, parallel: bool,
     custom = custom or {}
     for name, schema in tools.items():       # each refusal names its own tool
         if name not in custom:
-            check_schema(schema or {}, params.get(name, "tools"), name in strict,
+            check_schema({"type": "object"} if schema is None else schema,
+                         params.get(name, "tools"), name in strict,
                          f"Function {name!r} parameters: ")
+    # each call as the models write it, {"name": "NAME", "arguments": ...}: the name a fixed
+    # head (a %json object per tool would clash in llguidance's lexer with a custom tool's
+    # literal head), the arguments the tool's schema or a custom tool's quoted input
     alternatives = []
-    for i, (name, schema) in enumerate(tools.items()):
+    for name, schema in tools.items():
+        head = json.dumps(json.dumps({"name": name, "arguments": 0})[:-2])
         if name in custom:
-            head = json.dumps(json.dumps({"name": name, "arguments": {"input": ""}})[:-4])
-            alternatives.append(f"{head} {custom[name]} {json.dumps('}}')}")
+            args = f'"{{\\"input\\": " {custom[name]} "}}"'
         else:
-            alternatives.append(_json({
-                "type": "object",
-                "properties": {"name": {"const": name},
-                               "arguments": schema or {"type": "object"}},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }, name in strict, params.get(name, "tools")))
+            args = _json({"type": "object"} if schema is None else schema, name in strict,
+                         params.get(name, "tools"))
+        alternatives.append(f'{head} {args} "}}"')
     lines = ["podium_call: " + "\n    | ".join(alternatives)]
     if family == "hermes":
         lines.append(f'podium_one: {_markup("<tool_call>", specials)} "\\n" podium_call '
                      f'"\\n" {_markup("</tool_call>", specials)}')
         start = 'podium_one ("\\n" podium_one)*' if parallel else "podium_one"
+        if text_first:      # text, in which a reasoning family writes its think tokens
+            tags = " | ".join(t for t in ("<think>", "</think>") if t in specials)
+            lines += ["PODIUM_TEXT: /(.|\\n)+/",
+                      f"podium_text: (PODIUM_TEXT{' | ' + tags if tags else ''})*"]
+            start = f"podium_text ({start})?"
     else:
         start = ('"[" podium_call ("," " "? podium_call)* "]"' if parallel
                  else "podium_call")
     only = params.get(next(iter(tools)), "tools") if len(tools) == 1 else "tools"
     return _checked("\n".join([f"start: {start}", *lines, rules]), only,
-                    "tool_choice: the forced call's grammar: ")
+                    "tools: the calls' grammar: " if text_first
+                    else "tool_choice: the forced call's grammar: ")
 
 
 def custom_input(syntax: str, definition: str, param: str, prefix: str
@@ -136,8 +144,11 @@ def _json(schema: Any, strict: bool, param: str) -> str:
     """``schema`` inline in Lark, with Podium's JSON options (``lenient`` unless strict: a
     keyword llguidance cannot enforce is then left out, with a warning)."""
     if not isinstance(schema, dict):
-        if isinstance(schema, bool):
-            schema = {} if schema else {"not": {}}
+        if schema is True:
+            schema = {}
+        elif schema is False:
+            raise InvalidRequestError("JSON schema: the schema false admits no value",
+                                      param=param)
         else:
             raise InvalidRequestError("JSON schema: a schema must be an object or a "
                                       "boolean", param=param)
@@ -175,3 +186,67 @@ def _said(message: str, limit: int = 300) -> str:
     line = line.removeprefix("failed to compile JSON schema: ")
     return line if len(line) <= limit else line[:limit] + "..."
 
+
+# One minimal schema per JSON Schema keyword that constrains an instance: 2020-12's
+# validation, applicator and format vocabularies, and the draft-7 spellings clients still
+# send (``dependencies``, ``additionalItems`` beside an ``items`` list), for ``keyword_support``
+KEYWORD_PROBES: dict[str, dict[str, Any]] = {
+    "type": {"type": ["integer", "null"]},
+    "enum": {"enum": [1, "a", None]},
+    "const": {"const": {"a": 1}},
+    "multipleOf": {"type": "number", "multipleOf": 0.5},
+    "minimum": {"type": "number", "minimum": 0.5},
+    "maximum": {"type": "number", "maximum": 0.5},
+    "exclusiveMinimum": {"type": "number", "exclusiveMinimum": 0.5},
+    "exclusiveMaximum": {"type": "number", "exclusiveMaximum": 0.5},
+    "minLength": {"type": "string", "minLength": 2},
+    "maxLength": {"type": "string", "maxLength": 2},
+    "pattern": {"type": "string", "pattern": "^[a-z]+$"},
+    "minItems": {"type": "array", "minItems": 2},
+    "maxItems": {"type": "array", "maxItems": 1},
+    "uniqueItems": {"type": "array", "uniqueItems": True},
+    "contains": {"type": "array", "contains": {"type": "integer"}},
+    "minContains": {"type": "array", "contains": {"type": "integer"}, "minContains": 2},
+    "maxContains": {"type": "array", "contains": {"type": "integer"}, "maxContains": 1},
+    "items": {"type": "array", "items": {"type": "integer"}},
+    "prefixItems": {"type": "array", "prefixItems": [{"type": "integer"}], "items": False},
+    "additionalItems": {"type": "array", "items": [{"type": "integer"}],
+                        "additionalItems": False},
+    "unevaluatedItems": {"type": "array", "unevaluatedItems": False},
+    "properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    "required": {"type": "object", "required": ["a"]},
+    "additionalProperties": {"type": "object", "properties": {"a": {}},
+                             "additionalProperties": False},
+    "patternProperties": {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+    "propertyNames": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+    "minProperties": {"type": "object", "minProperties": 1},
+    "maxProperties": {"type": "object", "maxProperties": 1},
+    "dependentRequired": {"type": "object", "dependentRequired": {"a": ["b"]}},
+    "dependentSchemas": {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}},
+    "dependencies": {"type": "object", "dependencies": {"a": ["b"]}},
+    "unevaluatedProperties": {"type": "object", "unevaluatedProperties": False},
+    "allOf": {"allOf": [{"type": "integer"}, {"minimum": 2}]},
+    "anyOf": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+    "oneOf": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+    "not": {"not": {"type": "string"}},
+    "if": {"if": {"type": "integer"}, "then": {"minimum": 0}, "else": {"type": "string"}},
+    "$ref": {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"},
+    "$dynamicRef": {"$dynamicAnchor": "n", "$dynamicRef": "#n"},
+    **{f"format: {name}": {"type": "string", "format": name} for name in (
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname",
+        "idn-hostname", "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference",
+        "uuid", "uri-template", "json-pointer", "relative-json-pointer", "regex")},
+}
+
+
+def keyword_support() -> tuple[list[str], list[str]]:
+    """The keywords (and formats) llguidance enforces, and those it would not enforce:
+    each probed with its minimal schema under ``strict`` (``lenient: false``), so the
+    README's table is made from the engine, not by hand."""
+    enforced: list[str] = []
+    refused: list[str] = []
+    for keyword, schema in KEYWORD_PROBES.items():
+        failed, _ = LLMatcher.validate_grammar_with_warnings(
+            f"start: {_json(schema, True, keyword)}\n", None, limits=limits())
+        (refused if failed else enforced).append(keyword)
+    return enforced, refused

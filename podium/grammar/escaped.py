@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import importlib.resources
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -81,7 +82,17 @@ def _validate(grammar: str, param: str) -> None:
     error = llguidance.LLMatcher.validate_grammar(
         llguidance.LLMatcher.grammar_from_lark(grammar))
     if error:
-        raise _refuse(param, error.splitlines()[0] if error.strip() else error)
+        raise _refuse(param, _cause(error))
+
+
+def _cause(error: str) -> str:
+    """llguidance's message without Podium's grammar text or positions in it: its first
+    line, and for a regex the line that says what is wrong (``error: unclosed group``)."""
+    lines = [line.strip() for line in error.splitlines()]
+    first = re.sub(r"^at \d+\(\d+\): ", "", lines[0] if lines else error)
+    first = first.removeprefix("failed to compile JSON schema: ").rstrip(":.")
+    said = next((line for line in lines if line.startswith("error: ")), "")
+    return f"{first}: {said.removeprefix('error: ')}" if said else first
 
 
 def _refuse(param: str, what: str) -> InvalidRequestError:

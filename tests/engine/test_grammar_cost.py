@@ -139,3 +139,23 @@ def test_a_grammar_the_vocabulary_cannot_write_is_a_400_before_it_is_queued(defa
         default.check_grammar("start: <no_such_special_token>\n")
     assert "cannot be used with this model" in caught.value.message
     assert default.stats["waiting"] == 0
+
+
+def test_under_auto_a_started_call_is_held_to_its_custom_grammar(default):
+    """``tool_choice: auto`` with a custom tool of a grammar: text, or text then calls, and
+    a call the model starts must be in the grammar (its <tool_call> token opens it)."""
+    from podium.grammar import custom_input, tool_call_grammar
+    tok = default.tokenizer
+    rule, rules = custom_input("regex", "[A-Z]{3}-[0-9]{4}", "tools[0].format", "ct0")
+    grammar = tool_call_grammar({"ticket": {}}, "hermes", True, tok.grammar_specials,
+                                custom={"ticket": rule}, rules=rules, text_first=True)
+
+    def accepts(text):
+        matcher = default._grammars.matcher(grammar)
+        ids = tok.encode(text, add_special=False)
+        return matcher.consume_tokens(ids) and matcher.is_accepting()
+    call = '<tool_call>\n{{"name": "ticket", "arguments": {{"input": "{}"}}}}\n</tool_call>'
+    assert accepts("Just text, no call.")
+    assert accepts("Let me file it.\n" + call.format("BIL-0042"))
+    assert not accepts("Let me file it.\n" + call.format("billing"))
+    assert not accepts(call.format("BIL-0042") + "\nand more text")

@@ -163,7 +163,8 @@ def test_forced_calls_send_a_grammar(scripted, client_for):
     r = c.post(URL, json=ask(tool_choice={"type": "function", "function": {"name": "get_time"}}))
     assert r.json()["choices"][0]["finish_reason"] == "stop"
     grammar = engine.requests[-1].sampling.grammar
-    assert grammar.startswith("start: podium_one\n") and '{"const": "get_time"}' in grammar
+    assert grammar.startswith("start: podium_one\n")
+    assert 'podium_call: "{\\"name\\": \\"get_time\\", \\"arguments\\": " %json' in grammar
     assert "<tool_call>" in grammar.splitlines()[-1]     # the model's special token
     c.post(URL, json=ask(tool_choice="required", parallel_tool_calls=False))
     assert "get_weather" in engine.requests[-1].sampling.grammar

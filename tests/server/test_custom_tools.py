@@ -309,3 +309,22 @@ def test_chat_takes_custom_calls_back_in_the_history(scripted, client_for):
     assert r.status_code == 200, r.text
     prompt = engine.tokenizer.decode(engine.requests[0].prompt_token_ids)
     assert json.dumps({"input": PATCH}, ensure_ascii=False) in prompt and "applied" in prompt
+
+
+def test_under_auto_a_grammar_custom_tool_constrains_any_call_the_model_starts(
+        scripted, client_for):
+    """``tool_choice: auto`` (what Codex sends): with a custom tool of a grammar offered to
+    a Hermes model, the request carries the grammar of text then calls; with none, none."""
+    engine = scripted(["Hello."])
+    c = client_for(engine)
+    fmt = {"type": "grammar", "grammar": {"syntax": "lark", "definition": LARK}}
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "Fix a.py"}],
+            "tools": [chat_custom(fmt), {"type": "function", "function": {"name": "read"}}]}
+    r = c.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    grammar = engine.requests[-1].sampling.grammar
+    assert grammar.startswith("start: podium_text (") and "podium_ct0_input" in grammar
+    c.post(CHAT, json={**body, "tools": [chat_custom(), body["tools"][1]]})
+    assert engine.requests[-1].sampling.grammar is None         # free text: nothing to hold
+    c.post(CHAT, json={**body, "tool_choice": "none"})
+    assert engine.requests[-1].sampling.grammar is None

@@ -1,5 +1,8 @@
-"""Constraint input through the APIs: schemas and tool names llama.cpp cannot take are 400s
-naming the parameter, before anything reaches the engine."""
+"""Constraint input through the APIs: schemas no grammar can be made from, and tool names a
+model cannot write, are 400s naming the parameter, before anything reaches the engine."""
+
+import json
+import logging
 
 import pytest
 from starlette.testclient import TestClient
@@ -11,10 +14,19 @@ from tests.conftest import SERVED
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
-HUGE = {"type": "string", "pattern": "^a{1,30000}$"}      # crashed the server
-BAD_SCHEMAS = [HUGE, {"type": "string", "pattern": "^a{1,3000}$"},
-               {"type": "string", "maxLength": 5000}, {"enum": []},
-               {"type": "string", "pattern": "^\\d+$"}]
+# schemas no grammar can be made from: llguidance refuses each (unsatisfiable, an unknown
+# type, a lookaround it cannot run, a reference to nothing)
+BAD_SCHEMAS = [{"enum": []}, {"type": "frog"},
+               {"type": "string", "pattern": "^(?=a)b$"},
+               {"type": "string", "minLength": 5, "maxLength": 2},
+               {"$ref": "#/$defs/missing"}]
+BAD = {"type": "frog"}
+# schemas llama.cpp's grammars could not take, and Podium refused: llguidance takes each
+FORMERLY_REFUSED = [{"type": "string", "pattern": "^a{1,30000}$"},
+                    {"type": "string", "pattern": "^a{1,3000}$"},
+                    {"type": "string", "maxLength": 5000}, {"type": "string", "pattern": "^\\d+$"},
+                    {"enum": [f"customer_account_reference_identifier_{i:04d}"
+                              for i in range(1000)]}]
 BAD_NAMES = ['get"weather', "get\\weather", "get weather", "{{ x }}", "get\nweather"]
 
 
@@ -93,7 +105,7 @@ def test_responses_text_format(served, schema):
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_refuse_instead_of_failing(served, stream):
     client, _ = served
-    fmt = {"format": {"type": "json_schema", "name": "x", "schema": HUGE}}
+    fmt = {"format": {"type": "json_schema", "name": "x", "schema": BAD}}
     r = client.post(RESPONSES, json=responses(text=fmt, stream=stream))
     refused(r)          # not a 200 whose response has status "failed"
 
@@ -138,8 +150,9 @@ def test_good_names_pass_and_quotes_in_values_are_escaped(served):
     r = client.post(CHAT, json=chat(tools=tools, tool_choice="required"))
     assert r.status_code == 200, r.text
     grammar = engine.requests[-1].sampling.grammar
-    assert '"\\"say \\\\\\"hi\\\\\\"\\""' in grammar       # the JSON text "say \"hi\"", escaped
-    assert '"\\"back\\\\\\\\slash\\""' in grammar
+    assert '"enum": ["say \\"hi\\"", "back\\\\slash"]' in grammar    # as JSON, escaped
+    assert '\\"name\\": \\"files.read\\"' in grammar       # a Lark literal of the JSON
+    assert '\\"name\\": \\"get-weather_2\\"' in grammar
 
 
 def test_responses_tools_carry_their_place_in_the_request():
@@ -148,39 +161,39 @@ def test_responses_tools_carry_their_place_in_the_request():
                          {"type": "function", "name": "b"}, {"type": "custom", "name": "c"}]}])
     assert [(t.name, t.where) for t in tools.tools] == [
         ("a", "tools[0].parameters"), ("ns__b", "tools[1].tools[0].parameters"),
-        ("ns__c", "tools[1].tools[1].parameters")]
+        ("ns__c", "tools[1].tools[1].format")]          # a custom tool: its format
     assert response_format({"type": "json_schema", "schema": {}}).where == "text.format.schema"
 
 def test_chat_tools_required_names_the_tool(served):
     client, _ = served
-    refused(client.post(CHAT, json=chat(tools=chat_tools(HUGE), tool_choice="required")),
+    refused(client.post(CHAT, json=chat(tools=chat_tools(BAD), tool_choice="required")),
             "tools[1].function.parameters")
 
 
 def test_responses_text_format_names_text_format(served):
     client, _ = served
-    fmt = {"format": {"type": "json_schema", "name": "x", "schema": HUGE}}
+    fmt = {"format": {"type": "json_schema", "name": "x", "schema": BAD}}
     refused(client.post(RESPONSES, json=responses(text=fmt)), "text.format.schema")
 
 
 def test_responses_tools_required_names_the_tool(served):
     client, _ = served
-    refused(client.post(RESPONSES, json=responses(tools=responses_tools(HUGE),
+    refused(client.post(RESPONSES, json=responses(tools=responses_tools(BAD),
                                                   tool_choice="required")),
             "tools[1].parameters")
 
 
-# -- strict: keywords the grammar cannot enforce are refused, named; without strict accepted --
+# -- strict: keywords llguidance cannot enforce are refused, named; without strict accepted --
 
 UNENFORCED = {"type": "object", "properties": {"q": {"type": "number", "minimum": 0}},
               "propertyNames": {"pattern": "^[a-z]+$"}}
-CONSTRAINED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
-                                                      "maximum": 9}}, "required": ["n"]}
+CONSTRAINED = {"type": "object", "properties": {"n": {"type": "number", "minimum": 1.5,
+                                                      "multipleOf": 0.5}}, "required": ["n"]}
 
 
 def strict_refusal(r, param, keyword):
     error = refused(r, param)
-    assert f"keyword {keyword!r}" in error["message"], error
+    assert f'"{keyword}"' in error["message"], error
 
 
 def test_chat_strict_response_format(served):
@@ -194,7 +207,8 @@ def test_chat_strict_response_format(served):
     assert client.post(CHAT, json=chat(response_format=fmt)).status_code == 200
     fmt["json_schema"] = {"name": "x", "strict": True, "schema": CONSTRAINED}
     assert client.post(CHAT, json=chat(response_format=fmt)).status_code == 200
-    assert "[1-9]" in engine.requests[-1].sampling.grammar    # the bound is in the grammar
+    grammar = engine.requests[-1].sampling.grammar     # the bounds reach llguidance, strict
+    assert '"minimum": 1.5, "multipleOf": 0.5' in grammar and '"lenient": false' in grammar
 
 
 def test_chat_strict_function_tool(served):
@@ -210,14 +224,18 @@ def test_chat_strict_function_tool(served):
 def test_responses_strict_text_format_and_tool(served):
     client, _ = served
     fmt = {"format": {"type": "json_schema", "name": "x", "strict": True,
-                      "schema": {"type": "object", "patternProperties": {"^x": {}}}}}
+                      "schema": {"type": "object", "dependentRequired": {"a": ["b"]}}}}
     strict_refusal(client.post(RESPONSES, json=responses(text=fmt)), "text.format.schema",
-                   "patternProperties")
-    tools = [{"type": "function", "name": "f", "strict": True, "parameters": UNENFORCED}]
-    tools[0]["parameters"] = UNENFORCED["properties"]["q"]
+                   "dependentRequired")
+    fmt["format"]["schema"] = {"type": "object", "patternProperties": {"^x": {}}}
+    assert client.post(RESPONSES, json=responses(text=fmt)).status_code == 200   # enforced now
+    unique = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    tools = [{"type": "function", "name": "f", "strict": True, "parameters": unique}]
     strict_refusal(client.post(RESPONSES, json=responses(tools=tools)), "tools[0].parameters",
-                   "minimum")
+                   "uniqueItems")
     tools[0]["strict"] = False
+    assert client.post(RESPONSES, json=responses(tools=tools)).status_code == 200
+    tools[0].update(strict=True, parameters=CONSTRAINED)    # minimum on a number: enforced now
     assert client.post(RESPONSES, json=responses(tools=tools)).status_code == 200
 
 
@@ -227,17 +245,25 @@ def test_messages_strict_tool(served):
             "tools": [{"name": "f", "strict": True, "input_schema": UNENFORCED}]}
     r = client.post("/v1/messages", json=body)
     assert r.status_code == 400, r.text
-    assert "'propertyNames'" in r.json()["error"]["message"]
+    assert '"propertyNames"' in r.json()["error"]["message"]
     body["tools"][0].pop("strict")
     assert client.post("/v1/messages", json=body).status_code == 200
 
 
-def test_an_enum_too_wide_to_sample_is_refused_naming_the_parameter(served):
+@pytest.mark.parametrize("schema", FORMERLY_REFUSED)
+def test_wide_enums_and_long_repetitions_reach_the_engine_now(served, schema):
     client, engine = served
-    values = [f"customer_account_reference_identifier_{i:04d}" for i in range(1000)]
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": values}}}
-    error = refused(client.post(CHAT, json=chat(response_format=fmt)),
-                    "response_format.json_schema.schema")
-    assert "at most 256" in error["message"]
-    fmt["json_schema"]["schema"] = {"enum": values[:40]}
-    assert client.post(CHAT, json=chat(response_format=fmt)).status_code == 200
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": schema}}
+    r = client.post(CHAT, json=chat(response_format=fmt))
+    assert r.status_code == 200, r.text
+    assert json.dumps(schema)[1:-1] in engine.requests[-1].sampling.grammar
+
+
+def test_non_strict_leaves_a_keyword_out_with_a_warning_naming_the_parameter(served, caplog):
+    client, engine = served
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": UNENFORCED}}
+    with caplog.at_level(logging.WARNING, logger="podium.grammar.build"):
+        assert client.post(CHAT, json=chat(response_format=fmt)).status_code == 200
+    assert '"lenient": true' in engine.requests[-1].sampling.grammar
+    assert any("response_format.json_schema.schema" in r.getMessage()
+               and "propertyNames" in r.getMessage() for r in caplog.records)

@@ -53,10 +53,13 @@ class HfTokenizer:
         self._added = {i: t.content for i, t in added.items() if not t.special}
         self.control_texts = frozenset(t.content for t in added.values()
                                        if t.special and t.content)
-        self.grammar_specials = self.control_texts
         self._cut: re.Pattern[str] | None = None
-        self._byte_level = "ByteLevel" in json.dumps(
-            json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {})
+        backend = json.loads(tokenizer.backend_tokenizer.to_str())
+        self._byte_level = "ByteLevel" in json.dumps(backend.get("decoder") or {})
+        # llguidance (vLLM's guidance backend) reads tokenizer.json: its added tokens marked
+        # special are grammar tokens (``<tool_call>`` is, in the folder made from a GGUF)
+        self.grammar_specials = frozenset(t["content"] for t in backend.get("added_tokens") or ()
+                                          if t.get("special") and t.get("content"))
         self._pieces: dict[int, bytes] = {}
 
     @classmethod
