@@ -153,6 +153,11 @@ class Settings:
     response_lease_seconds: float = _opt(
         15.0, "A running stored response's lease: its replica renews it every third of this; "
         "when it lapses (the replica died), any replica marks the response failed.")
+    vector_store_embedding_model: str | None = _opt(
+        None, "The served embedding model a vector store embeds with when its creator names "
+        "none (Podium's embedding_model field); kept with the store. Default: the one "
+        "embedding model the server serves (with none or several, creating a store without "
+        "embedding_model is a 400).")
     strict_tools: bool = _opt(
         False, "Refuse (400) Responses tools Podium cannot run (web_search ...) instead of "
         "leaving them out with a warning.")

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from podium.engine.base import TokenLogprob, Tokenizer
 from podium.parsing.events import (Event, Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta,
                                    ToolCallBegin, ToolCallEnd, Usage)
+from podium.render import file_search
 from podium.render.custom_input import CustomInput
 from podium.render.logprobs import FLOOR
 
@@ -84,6 +85,7 @@ class ResponseBuilder:
         self._input = CustomInput()     # its input, if it is a custom tool's call
         self.calls: list[tuple[int, Obj]] = []  # MCP calls the model made, not yet run
         self.ends_turn = False          # a call for the client to answer (set per round)
+        self.found: dict[str, list[Obj]] = {}   # file_search results the model was given
         self.seq = Sequencer(sink=sink)     # sink: the response's event log, if stored
         self._stamp = self.seq.stamp
         self._round: Finish | None = None   # how the model's current round ended
@@ -227,6 +229,9 @@ class ResponseBuilder:
         elif tool.kind == "mcp":
             item = {"id": self._new_id("mcp"), "type": "mcp_call", "server_label": tool.server,
                     "name": tool.name, "arguments": "", "status": "in_progress"}
+        elif tool.kind == "file_search":    # Podium searches (``search_running``)
+            item = {"id": self._new_id("fs"), "type": "file_search_call", "queries": [],
+                    "status": "in_progress", "results": None}
         elif tool.kind == "custom":
             item = {"id": self._new_id("ctc"), "type": "custom_tool_call",
                     "call_id": event.id, "name": tool.name, "input": "",
@@ -235,7 +240,7 @@ class ResponseBuilder:
         else:
             item = {"id": self._new_id("fc"), "type": "function_call", "call_id": event.id,
                     "name": tool.name, "arguments": "", "status": "in_progress"}
-        if tool.kind != "mcp":
+        if tool.kind not in ("mcp", "file_search"):
             self.ends_turn = True
         if tool.namespace:
             item["namespace"] = tool.namespace
@@ -267,12 +272,20 @@ class ResponseBuilder:
             self.calls.append((index, item))
             return [{"type": "response.mcp_call_arguments.done", "item_id": item["id"],
                      "output_index": index, "arguments": item["arguments"]}]
+        if item["type"] == "file_search_call":     # done once it has run (``search_result``)
+            item["queries"] = file_search.queries("".join(self._parts))
+            self.calls.append((index, item))
+            return []
         text, events = "".join(self._parts), []
+        if item["type"] == "message" and self.found:
+            events = self._cite(item, index, text)
         if item["type"] == "custom_tool_call":      # the input, decoded from the arguments
             text = self._input.result(text)
             events = _input_delta(item, index, self._input.rest(text))
-        return events + close_item(item, text, self._lps, index, status=status,
-                                   seal=self._seal)
+        closed = close_item(item, text, self._lps, index, status=status, seal=self._seal)
+        if item["type"] == "message" and events:   # its closed part carries the citations
+            item["content"][0]["annotations"] = [e["annotation"] for e in events]
+        return events + closed
 
     # -- MCP: listings, and the calls Podium runs ---------------------------------------
 
@@ -319,6 +332,36 @@ class ResponseBuilder:
                              "output_index": index},
                             {"type": "response.output_item.done", "output_index": index,
                              "item": item}])
+
+    # -- file_search: the searches Podium runs ------------------------------------------
+
+    def search_running(self, index: int, item: Obj) -> list[Obj]:
+        base = {"item_id": item["id"], "output_index": index}
+        return self._stamp([{"type": "response.file_search_call.in_progress", **base},
+                            {"type": "response.file_search_call.searching", **base}])
+
+    def search_result(self, index: int, item: Obj, results: list[Obj] | None,
+                      keep: bool) -> list[Obj]:
+        """A search ran (``results`` None: it failed); the results are the item's only when
+        the client included ``file_search_call.results``; the model's answer cites them."""
+        self.calls = [(i, c) for i, c in self.calls if i != index]
+        item.update(status="failed" if results is None else "completed",
+                    results=results if keep and results is not None else None)
+        if results is not None:
+            self.found[item["id"]] = results
+        base = {"item_id": item["id"], "output_index": index}
+        done = [] if results is None else [{"type": "response.file_search_call.completed",
+                                            **base}]
+        return self._stamp(done + [{"type": "response.output_item.done",
+                                    "output_index": index, "item": item}])
+
+    def _cite(self, item: Obj, index: int, text: str) -> list[Obj]:
+        """The answer's ``file_citation`` annotations (set on its part when it closes)."""
+        return [{"type": "response.output_text.annotation.added", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "annotation_index": i,
+                 "annotation": a}
+                for i, a in enumerate(file_search.citations(
+                    text, [r for found in self.found.values() for r in found]))]
 
     def _snapshot(self) -> Obj:
         return dict(self.response, output=list(self.response["output"]))

@@ -27,7 +27,8 @@ from podium.protocol.embeddings import EmbeddingsRequest, RerankRequest
 from podium.protocol.messages import CountTokensRequest, MessagesRequest
 from podium.protocol.responses import ResponsesRequest
 from podium.protocol.tokenize import DetokenizeRequest, TokenizeRequest
-from podium.server import batches, errors, files, ollama_chat, ollama_models, ops, ui
+from podium.server import (batches, errors, files, ollama_chat, ollama_models, ops, ui,
+                           vector_stores)
 from podium.server.edge import (ERRORS, EVERY_KIND, HELD, STREAMING, json_response, keeper,
                                 model_of, owner_of, respond)
 from podium.server.lifecycle import Drain
@@ -120,6 +121,7 @@ def create_app(settings: Settings, served: Engine | list[ModelConfig],
     _conversation_routes(app)
     files.routes(app)
     batches.routes(app)
+    vector_stores.routes(app)
     ollama_chat.routes(app)
     ollama_models.routes(app)
     _messages_routes(app)

@@ -58,10 +58,11 @@ class Plan:
 class Run:
     def __init__(self, plan: Plan, engine: Engine, planner: Planner,
                  seal: Callable[[str], str] | None, keepalive: float = 0.0,
-                 log: Callable[[list[Obj]], None] | None = None):
+                 log: Callable[[list[Obj]], None] | None = None, searcher: Any = None):
         """``log``: handed every event as it is stamped (the stored response's event log:
         ``EventLog.put``), so the log holds every number given, however the run ends."""
         self.plan = plan
+        self._searcher = searcher           # its file_search tool (api/vector_stores.py)
         self._engine = engine
         self._planner = planner
         self._keepalive = keepalive         # seconds between keep-alive events (0: none)
@@ -104,6 +105,14 @@ class Run:
                         yield out
                 pending = list(builder.calls)
                 for index, item in pending:
+                    if item["type"] == "file_search_call":
+                        for out in builder.search_running(index, item):
+                            yield out
+                        found = await self._searcher.run(item["queries"])
+                        for out in builder.search_result(index, item, found,
+                                                         self._searcher.keep):
+                            yield out
+                        continue
                     for out in builder.mcp_running(index, item):
                         yield out
                     output, error = await self._call(item, calls)
@@ -122,8 +131,9 @@ class Run:
                     builder.spent()
                     break
                 limit = plan.max_tool_calls
-                quiet = rounds == MAX_ROUNDS - 1 or (limit is not None and calls >= limit)
-                choice = await self._planner.again(plan, self.response["output"], quiet, left)
+                quiet = (rounds == MAX_ROUNDS - 1 or (limit is not None and calls >= limit)
+                         or self._searched_alone(pending))
+                choice = await self._planner.again(plan, self._searched(), quiet, left)
         except PodiumError as exc:
             log.error("response %s failed: %s", self.response["id"], exc.message)
             for out in self._end("failed", {"code": exc.code or "server_error",
@@ -135,6 +145,20 @@ class Run:
                 await plan.mcp.close()
         for out in builder.close(self.usage()):
             yield out
+
+    def _searched_alone(self, pending: list[tuple[int, Obj]]) -> bool:
+        """The round only searched, and searching is all the request offers: the next
+        round answers from the results (a small model would search again and again)."""
+        return (all(item["type"] == "file_search_call" for _, item in pending)
+                and len(self.plan.tools.tools) == 1)
+
+    def _searched(self) -> list[Obj]:
+        """The output so far, each search with the results the model was given (kept in
+        the item only when the client included them)."""
+        found = self.builder.found
+        return [dict(item, results=found.get(item["id"]))
+                if item["type"] == "file_search_call" else item
+                for item in self.response["output"]]
 
     async def _call(self, item: Obj, made: int) -> tuple[str | None, Obj | None]:
         limit = self.plan.max_tool_calls

@@ -75,6 +75,7 @@ class ResponsesService:
         self._finalizers = Finalizers()                 # last writes of ended runs
         self._closing = False
         self.drain: Drain | None = None                 # the app's (server.lifecycle)
+        self.file_search: Any = None    # file_search's stores (api/vector_stores.py)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -111,7 +112,10 @@ class ResponsesService:
             raise InvalidRequestError("conversation and previous_response_id cannot be used "
                                       "together", param="conversation")
         plan = await planner.plan(req, owner, small)
+        searcher = None
         try:
+            if plan.tools.file_search is not None:      # its stores checked before any work
+                searcher = await self._searcher(plan.tools.file_search, req, owner)
             if plan.choice is not None:     # 429 / 400 now, before anything is stored
                 start(planner.engine, [plan.choice])
             if req.background:
@@ -131,7 +135,7 @@ class ResponsesService:
         run = Run(plan, planner.engine, planner,
                   functools.partial(self._sealer.seal, owner=owner) if plan.seal else None,
                   keepalive,        # background: its followers' keep-alive
-                  writer.put if writer is not None else None)
+                  writer.put if writer is not None else None, searcher)
         events = self._lifecycle(run, turn, writer, mode, req.store)
         if mode == "stream":
             return events
@@ -145,6 +149,13 @@ class ResponsesService:
         self._running[rid] = asyncio.create_task(self._background(rid, run, events, release))
         return (self._logs.follow(rid, -1, owner) if req.stream
                 else dict(plan.response, output=[]))
+
+    async def _searcher(self, tool: dict[str, Any], req: ResponsesRequest, owner: str) -> Any:
+        if self.file_search is None:
+            raise InvalidRequestError("This server keeps no vector stores",
+                                      param=tool["where"])
+        return await self.file_search.searcher(
+            tool, owner, "file_search_call.results" in set(req.include or ()))
 
     async def _store_first(self, plan: Plan, owner: str) -> None:
         record = StoredResponse(plan.response["id"], dict(plan.response), [],

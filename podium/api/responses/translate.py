@@ -30,6 +30,7 @@ from podium.conversation import (Conversation, Message, Options, Reasoning, Resp
 from podium.errors import InvalidRequestError
 from podium.protocol.chat import TOOL_NAME_PATTERN
 from podium.protocol.responses import CustomTool, InputItem, ResponsesRequest
+from podium.render import file_search
 from podium.render.responses import response_skeleton
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "
               "custom_tool_call": "ctc", "custom_tool_call_output": "ctco", "reasoning": "rs",
               "mcp_list_tools": "mcpl", "mcp_call": "mcp", "mcp_approval_request": "mcpr",
               "mcp_approval_response": "mcpa"}
-UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "file_search", "code_interpreter",
+UNSUPPORTED_TOOLS = {"web_search", "web_search_preview", "code_interpreter",
                      "image_generation", "computer_use_preview", "computer",
                      "local_shell", "shell", "apply_patch", "tool_search"}
 MAX_ITEM_ID = 64            # as the store's item id columns
@@ -124,12 +125,16 @@ class ToolMap:
     def __init__(self, tools: list[dict[str, Any]] | None, strict: bool = False):
         self.tools: list[Tool] = []
         self.by_model_name: dict[str, ClientTool] = {}
+        self.file_search: dict[str, Any] | None = None    # a file_search tool, with where
         for i, tool in enumerate(tools or ()):
             self._add(tool, None, strict, f"tools[{i}]")
 
     def _add(self, tool: dict[str, Any], namespace: str | None, strict: bool, where: str) -> None:
         kind = tool.get("type")
         if kind == "mcp":           # its tools are listed when the response runs (add_mcp)
+            return
+        if kind == "file_search":   # Podium searches the tool's vector stores
+            self._add_file_search(tool, where)
             return
         if kind == "namespace":
             if tool.get("name") is not None:
@@ -150,6 +155,14 @@ class ToolMap:
         self.tools.append(_function(tool, model_name, where) if kind == "function"
                           else _custom(tool, model_name, where))
         self.by_model_name[model_name] = ClientTool(kind, name, namespace)
+
+    def _add_file_search(self, tool: dict[str, Any], where: str) -> None:
+        if self.file_search is not None or file_search.NAME in self.by_model_name:
+            raise InvalidRequestError("A request takes one file_search tool", param=where)
+        self.file_search = {**tool, "where": where}
+        self.tools.append(Tool(file_search.NAME, file_search.PARAMETERS,
+                               file_search.DESCRIPTION, where=where))
+        self.by_model_name[file_search.NAME] = ClientTool("file_search", file_search.NAME)
 
     def add_mcp(self, server: str, tool: dict[str, Any], approval: bool, where: str) -> None:
         """A tool an MCP server listed, offered to the model by its own name."""
@@ -179,6 +192,8 @@ class ToolMap:
         kind = choice.get("type")
         if kind in ("function", "custom"):
             return self.model_name(choice.get("name", ""), choice.get("namespace"))
+        if kind == "file_search" and self.file_search is not None:
+            return file_search.NAME
         if kind == "mcp":           # one of a server's tools, or any of them
             name = choice.get("name")
             tool = self.by_model_name.get(name or "")
@@ -346,6 +361,12 @@ class Translation:
                 continue
             if kind == "mcp_list_tools":
                 continue
+            if kind == "file_search_call":  # Podium's search: a call and its results
+                self._attach(ToolCall(item["id"], file_search.NAME,
+                                      file_search.arguments(item)), where)
+                self._results.append(Message("tool", [TextPart(file_search.results_text(
+                    item.get("results")))], where, tool_call_id=item["id"]))
+                continue
             if self._results:
                 self._close_last()
                 messages += self._results
@@ -450,7 +471,8 @@ def as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
                           "content": [{"type": "output_text", "text": p.get("text", "")}
                                       for p in item.get("content") or ()]})
         elif item.get("type") in ("function_call", "custom_tool_call", "reasoning",
-                                  "mcp_call", "mcp_list_tools", "mcp_approval_request"):
+                                  "mcp_call", "mcp_list_tools", "mcp_approval_request",
+                                  "file_search_call"):
             items.append({k: v for k, v in item.items() if k != "status"})
     return items
 
