@@ -2,8 +2,9 @@
 
 Harmony's structure lives in special tokens, so a choice ends at ``<|return|>`` or
 ``<|call|>`` (not at EOS, which ``<|end|>`` of each message would be) and its stream is
-``HarmonyPipeline``. Podium cannot constrain Harmony output to a grammar: a forced tool call
-is refused, and a response format is described to the model in its developer message.
+``HarmonyPipeline``. A forced tool call and a response format constrain decoding with a
+grammar over Harmony's message structure (``podium.grammar.harmony``); the format is also
+described to the model in its developer message.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from podium.dialect.base import Prompt
 from podium.dialect.template import template_messages, tool_set
 from podium.engine.base import SamplingParams
 from podium.errors import InvalidRequestError
+from podium.grammar.harmony import call_grammar, format_grammar
 from podium.harmony.format import Harmony
 from podium.harmony.pipeline import HarmonyPipeline
 
@@ -30,11 +32,6 @@ class HarmonyDialect:
             raise InvalidRequestError("This model speaks Harmony; its prompts are rendered by "
                                       "openai-harmony, not a chat template",
                                       param="chat_template")
-        if options.forced_call:
-            raise InvalidRequestError(
-                "tool_choice 'required' or a named function is not supported for Harmony "
-                "(gpt-oss) models: Podium cannot constrain their output; use 'auto'",
-                param="tool_choice")
         tools = None
         if options.offers_tools:
             tools = [{"name": t.name, "description": t.description,
@@ -47,7 +44,20 @@ class HarmonyDialect:
                                           _format(options)))
 
     def constraint(self, options: Options) -> str | None:
-        return None
+        if options.forced_call:
+            tools = [t for t in options.tools if t.name in tool_set(options).schemas]
+            if any(t.grammar is not None for t in tools):
+                raise InvalidRequestError(
+                    "A custom tool's grammar cannot constrain a Harmony (gpt-oss) model's "
+                    "call yet; use tool_choice 'auto'", param="tool_choice")
+            return call_grammar({t.name: t.parameters for t in tools},
+                                {t.name: t.where for t in tools},
+                                {t.name for t in tools if t.strict})
+        fmt = options.response_format
+        if fmt is None:
+            return None
+        schema = {"type": "object"} if fmt.kind == "json_object" else fmt.schema or {}
+        return format_grammar(schema, fmt.where, fmt.strict)
 
     def sampling(self, params: SamplingParams) -> None:
         params.stop_token_ids = self.harmony.stop_token_ids
@@ -63,6 +73,9 @@ def _format(options: Options) -> dict[str, Any] | None:
     fmt = options.response_format
     if fmt is None:
         return None
+    if fmt.kind == "grammar":
+        raise InvalidRequestError("structured_outputs cannot constrain a Harmony (gpt-oss) "
+                                  "model's output yet; use response_format", param=fmt.where)
     if fmt.kind == "json_object":
         return {"type": "json_object"}
     return {"type": "json_schema", "json_schema": {

@@ -188,3 +188,15 @@ def test_a_cross_encoder_scores_as_transformers_does(tmp_path):
             engine.check_room()
     finally:
         asyncio.run(engine.aclose())
+
+
+def test_a_request_vllm_ends_on_its_own_is_an_engine_error_not_an_unload(engine):
+    """vLLM's guidance backend ends a request whose grammar leads nowhere mid-way (here:
+    markup written as text, which vLLM's tokenizer reads back as the special token): that
+    is the engine failing (500), not the model unloaded under it (503)."""
+    from podium.errors import EngineError
+    req = request(engine, "Call a tool.", max_tokens=8,
+                  grammar='start: "<tool_call>" "x"\n')
+    with pytest.raises(EngineError):
+        run(engine, req)
+    asyncio.run(settle(engine))

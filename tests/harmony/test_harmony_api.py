@@ -192,7 +192,10 @@ def test_malformed_output_recovers_at_the_next_message(serve):
 
 def test_refuses_what_it_cannot_enforce(serve):
     client = serve([h.completion(h.final("x"))])
-    r = client.post("/v1/chat/completions", json=chat_body(tool_choice="required"))
+    custom = {"type": "custom", "custom": {"name": "patch", "format": {
+        "type": "grammar", "grammar": {"syntax": "regex", "definition": "[a-z]+"}}}}
+    r = client.post("/v1/chat/completions", json=chat_body(
+        tools=[custom], tool_choice={"type": "custom", "custom": {"name": "patch"}}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 
 

@@ -52,7 +52,7 @@ from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
 from podium.engine.jobs import Job, JobOutputs
 from podium.engine.vllm.tokenizer import HfTokenizer
-from podium.errors import InvalidRequestError, Overloaded
+from podium.errors import EngineError, InvalidRequestError, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -440,6 +440,10 @@ class VllmEngine:
             if out.finished or scoring_only:
                 finish = ("length" if scoring_only else
                           _FINISH.get(completion.finish_reason or "", "abort"))
+            if finish == "abort" and not job.aborted:
+                # vLLM ended it on its own (its structured-output backend refused the
+                # grammar mid-way, say): a failure, not an unload
+                raise EngineError(f"vLLM ended the request ({completion.finish_reason})")
             logprobs = None
             if req.logprobs is not None and not scoring_only:
                 logprobs = [_token_logprob(t, pos, req.logprobs)

@@ -54,12 +54,13 @@ class HfTokenizer:
         self.control_texts = frozenset(t.content for t in added.values()
                                        if t.special and t.content)
         self._cut: re.Pattern[str] | None = None
-        backend = json.loads(tokenizer.backend_tokenizer.to_str())
-        self._byte_level = "ByteLevel" in json.dumps(backend.get("decoder") or {})
-        # llguidance (vLLM's guidance backend) reads tokenizer.json: its added tokens marked
-        # special are grammar tokens (``<tool_call>`` is, in the folder made from a GGUF)
-        self.grammar_specials = frozenset(t["content"] for t in backend.get("added_tokens") or ()
-                                          if t.get("special") and t.get("content"))
+        self._byte_level = "ByteLevel" in json.dumps(
+            json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {})
+        # what llguidance (vLLM's guidance backend) takes as special tokens: added tokens
+        # marked special, and those written like markup (``<tool_call>``)
+        self.grammar_specials = frozenset(
+            t.content for t in added.values() if t.content and (
+                t.special or t.content.startswith("<") and t.content.endswith(">")))
         self._pieces: dict[int, bytes] = {}
 
     @classmethod
