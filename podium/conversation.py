@@ -103,12 +103,13 @@ def custom_tool(name: str, description: str | None, grammar: tuple[str, str] | N
 
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
-    kind: Literal["json_object", "json_schema"]
+    kind: Literal["json_object", "json_schema", "grammar"]
     schema: dict[str, Any] | None = None
     name: str | None = None
     description: str | None = None
     where: str = "response_format"      # the caller's parameter for the schema
     strict: bool = False                # every schema keyword must be enforced (else 400)
+    grammar: str | None = None          # kind "grammar": the ready grammar (vLLM's extension)
 
 
 @dataclass(slots=True)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from typing import Any, AsyncGenerator
 
 from podium.api import common
 from podium.api.common import sampling_params, stop_strings
-from podium.conversation import (Conversation, Message, Options, Reasoning, TextPart, Tool,
-                                 ToolCall, custom_tool)
+from podium.api.structured import structured_grammar
+from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
+                                 TextPart, Tool, ToolCall, custom_tool)
 from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import InvalidRequestError
@@ -25,6 +27,7 @@ from podium.protocol.chat import Tool as WireTool
 from podium.protocol.chat import ToolCall as WireToolCall
 from podium.protocol.chat import Message as WireMessage
 from podium.protocol.chat import TextPart as WireTextPart
+from podium.protocol.structured import StructuredOutputs
 from podium.render.chat import ChatChunks, ChatFold
 from podium.settings import Settings
 
@@ -54,11 +57,13 @@ class ChatService:
         return await fold(self._engine, choices, ChatFold(*head, n=req.n, custom=custom))
 
     def _prepare(self, req: ChatCompletionRequest) -> Prepared:
-        opts = options(req, self._engine.tokenizer.vocab_size)
+        tok = self._engine.tokenizer
+        opts = options(req, tok.vocab_size, tok.grammar_specials)
         return prepare(self._engine, self._dialect, conversation(req), opts, self._settings)
 
 
-def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
+def options(req: ChatCompletionRequest, vocab_size: int,
+            specials: Collection[str] = ()) -> Options:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true",
                                   param="top_logprobs")
@@ -69,6 +74,8 @@ def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
         schema_param="response_format.json_schema.schema", name=spec.get("name"),
         description=spec.get("description"), strict=spec.get("strict") is True)
     choice = req.tool_choice
+    if req.structured_outputs is not None:
+        response_format = _structured(req.structured_outputs, req, response_format, specials)
     return Options(
         model=req.model,
         sampling=sampling_params(req, 0, vocab_size, None),
@@ -86,6 +93,22 @@ def options(req: ChatCompletionRequest, vocab_size: int) -> Options:
         chat_template=req.chat_template,
         chat_template_kwargs=req.chat_template_kwargs,
         add_generation_prompt=req.add_generation_prompt)
+
+
+def _structured(so: StructuredOutputs, req: ChatCompletionRequest,
+                response_format: ResponseFormat | None,
+                specials: Collection[str]) -> ResponseFormat:
+    """vLLM's ``structured_outputs`` as the answer's format: alone (not beside a response
+    format, nor a forced call, which would each need a grammar of their own)."""
+    if response_format is not None:
+        raise InvalidRequestError("structured_outputs and response_format each constrain the "
+                                  "answer; give one", param="structured_outputs")
+    if req.tool_choice not in (None, "auto", "none"):
+        raise InvalidRequestError("structured_outputs cannot constrain a forced tool call; "
+                                  "use tool_choice 'auto' or 'none'",
+                                  param="structured_outputs")
+    return ResponseFormat("grammar", where="structured_outputs",
+                          grammar=structured_grammar(so, specials))
 
 
 def _tool(tool: WireTool, where: str) -> Tool:

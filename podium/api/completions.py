@@ -8,15 +8,17 @@ tokens; the chat APIs, which render client text into a template, read it as text
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncGenerator
 
 from podium.api.common import sampling_params, stop_strings
+from podium.api.structured import structured_grammar
 from podium.engine.base import Engine, EngineRequest
 from podium.errors import InvalidRequestError
 from podium.generation import (Choice, choice_seed, drive, fold, new_id, off_loop,
                                output_budget, start)
 from podium.protocol.completions import CompletionRequest
+from podium.protocol.structured import StructuredOutputs
 from podium.render.completions import CompletionChunks, CompletionFold, Echo
 from podium.settings import Settings
 from podium.text.pipeline import TextPipeline, TextStream
@@ -38,13 +40,16 @@ class CompletionService:
         engine = self._engine
         _refuse_unsupported(req)
         prompts = await off_loop(self._prompts, req.prompt, inline=small)
+        grammar = None
+        if req.structured_outputs is not None:      # compiled for the vocabulary: off the loop
+            grammar = await off_loop(self._grammar, req.structured_outputs, inline=False)
         choices: list[Choice] = []
         echoes: list[Echo | None] = []
         for p in prompts:
             budget = output_budget(len(p.token_ids), req.max_tokens, engine.info.context_length,
                                    self._settings.max_tokens_cap)
             for i in range(req.n):
-                choices.append(self._choice(req, p, budget, i))
+                choices.append(self._choice(req, p, budget, i, grammar))
                 echoes.append(p if req.echo else None)
         start(engine, choices)
         head = (new_id("cmpl"), int(time.time()), req.model, engine.tokenizer, req.logprobs,
@@ -77,12 +82,19 @@ class CompletionService:
                 raise InvalidRequestError("The prompt is empty", param=f"prompt[{i}]")
         return prompts
 
-    def _choice(self, req: CompletionRequest, prompt: Prompt, budget: int, index: int) -> Choice:
+    def _grammar(self, so: StructuredOutputs) -> str:
+        """vLLM's ``structured_outputs``: the raw prompt's own constraint (no dialect)."""
+        grammar = structured_grammar(so, self._engine.tokenizer.grammar_specials)
+        self._engine.check_grammar(grammar)
+        return grammar
+
+    def _choice(self, req: CompletionRequest, prompt: Prompt, budget: int, index: int,
+                grammar: str | None) -> Choice:
         tok = self._engine.tokenizer
         seed = choice_seed(req.seed, self._settings.seed, index)
         want = req.logprobs is not None
-        request = EngineRequest(new_id("req"), prompt.token_ids,
-                                sampling_params(req, budget, tok.vocab_size, seed),
+        sampling = replace(sampling_params(req, budget, tok.vocab_size, seed), grammar=grammar)
+        request = EngineRequest(new_id("req"), prompt.token_ids, sampling,
                                 logprobs=req.logprobs,
                                 prompt_logprobs=req.logprobs if want and req.echo else None)
         return Choice(request, TextStream(TextPipeline(tok, stop_strings(req.stop), want),

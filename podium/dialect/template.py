@@ -135,6 +135,8 @@ def format_grammar(fmt: ResponseFormat | None) -> str | None:
         return None
     if fmt.kind == "json_object":
         return json_object_grammar()
+    if fmt.kind == "grammar":
+        return fmt.grammar
     return schema_grammar(fmt.schema or {}, fmt.where, fmt.strict)
 
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from llguidance import LLMatcher, LLParserLimits
+from llguidance import LLMatcher, LLParserLimits, StructTag, regex_to_lark
+from llguidance.gbnf_to_lark import any_to_lark
 
 from podium.errors import InvalidRequestError
 from podium.grammar.escaped import quoted_lark
@@ -250,3 +251,114 @@ def keyword_support() -> tuple[list[str], list[str]]:
             f"start: {_json(schema, True, keyword)}\n", None, limits=limits())
         (refused if failed else enforced).append(keyword)
     return enforced, refused
+
+
+# -- vLLM's structured_outputs (regex, choice, Lark or GBNF, JSON with its options) --------
+
+def regex_grammar(regex: str, param: str) -> Grammar:
+    """Text matching ``regex`` whole (Rust ``regex`` syntax, as vLLM's guidance backend
+    reads it)."""
+    return _checked(f"start: /{regex_to_lark(regex)}/\n", param, "regex: ")
+
+
+def choice_grammar(choices: Sequence[str], param: str) -> Grammar:
+    """Exactly one of ``choices``."""
+    return _checked("start: " + " | ".join(json.dumps(c) for c in choices) + "\n", param,
+                    "choice: ")
+
+
+def lark_grammar(text: str, param: str) -> Grammar:
+    """A client's grammar, in llguidance's Lark or in llama.cpp's GBNF (converted to Lark by
+    llguidance's converter, which keeps Lark as it is): the same text reaches both engines."""
+    try:
+        lark = any_to_lark(text)
+    except Exception as exc:      # the converter's errors carry no common class
+        raise InvalidRequestError(f"grammar: not Lark, and not GBNF either: {exc}",
+                                  param=param) from None
+    return _checked(lark, param, "grammar: ")
+
+
+def options_schema_grammar(schema: Any, param: str, compact: bool = False,
+                           whitespace_pattern: str | None = None,
+                           closed: bool = False) -> Grammar:
+    """``schema_grammar`` with vLLM's JSON options: ``compact`` (``disable_any_whitespace``:
+    no whitespace between tokens), ``whitespace_pattern`` (the whitespace allowed there),
+    ``closed`` (``disable_additional_properties``: objects with ``properties`` take no
+    others unless they say so)."""
+    return _checked(f"start: {_json_with(schema, param, compact, whitespace_pattern, closed)}\n",
+                    param, "JSON schema: ")
+
+
+def structural_tag_grammar(text: str, param: str, specials: Collection[str] = (),
+                           compact: bool = False, closed: bool = False) -> Grammar:
+    """vLLM's structural tag (``{"triggers": [...], "structures": [{"begin", "schema",
+    "end"}]}``, the form its guidance backend reads): free text in which each structure,
+    once its trigger is written, is held to ``begin``, JSON valid against ``schema``, then
+    ``end`` (llguidance's ``StructTag``). A ``<...>`` trigger is the special token where the
+    vocabulary has every such trigger as one, text otherwise."""
+    try:
+        spec = json.loads(text)
+        triggers, tags = spec["triggers"], []
+        for i, s in enumerate(spec["structures"]):
+            trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
+            if trigger is None:
+                raise ValueError(f"structures[{i}].begin starts with none of the triggers")
+            schema = _json_with(s["schema"], param, compact, None, closed)
+            tags.append(StructTag(trigger=trigger, begin=s["begin"], end=s["end"],
+                                  grammar=schema.removeprefix("%json ")))
+        if not tags:
+            raise ValueError("no structures")
+        marked = [t for t in triggers if t.startswith("<") and t.endswith(">")]
+        lark = StructTag.to_grammar(tags, assume_special=all(t in specials for t in marked))
+    except InvalidRequestError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError) as exc:
+        raise InvalidRequestError(
+            f"structural_tag: expected a JSON object {{\"triggers\": [str], \"structures\": "
+            f"[{{\"begin\", \"schema\", \"end\"}}]}} ({type(exc).__name__}: {exc})",
+            param=param) from None
+    return _checked(lark, param, "structural_tag: ")
+
+
+def _json_with(schema: Any, param: str, compact: bool, whitespace_pattern: str | None,
+               closed: bool) -> str:
+    """``_json`` (not strict) with vLLM's JSON options over Podium's."""
+    _json(schema, False, param)         # its refusals: false, or not a schema
+    body = {} if schema is True else {k: v for k, v in schema.items() if k != "x-guidance"}
+    options: dict[str, Any] = {**JSON_OPTIONS, "lenient": True}
+    if compact:
+        del options["whitespace_pattern"]
+        options["whitespace_flexible"] = False
+    elif whitespace_pattern is not None:
+        options["whitespace_pattern"] = whitespace_pattern
+    if closed:
+        body = _closed(body)
+    return "%json " + json.dumps({"x-guidance": options, **body}, ensure_ascii=False)
+
+
+# where a schema holds subschemas: maps of them, and one or a list of them
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                "dependentSchemas", "dependencies")
+_SUBSCHEMAS = ("additionalProperties", "unevaluatedProperties", "propertyNames", "contains",
+               "additionalItems", "unevaluatedItems", "not", "if", "then", "else", "items",
+               "prefixItems", "allOf", "anyOf", "oneOf")
+
+
+def _closed(schema: Any) -> Any:
+    """A copy of ``schema`` in which every object schema with ``properties`` (or
+    ``patternProperties``) and no ``additionalProperties`` has it false."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _closed(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = _closed(out[key])
+    if "additionalProperties" not in out and (isinstance(out.get("properties"), dict) or
+                                              isinstance(out.get("patternProperties"), dict)):
+        out["additionalProperties"] = False
+    return out

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 from podium.protocol.common import LENIENT, SamplingFields
+from podium.protocol.structured import StructuredOutputs
 
 
 class TextPart(BaseModel):
@@ -238,6 +239,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None     # vLLM's extension
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True

@@ -141,6 +141,47 @@ def test_a_grammar_constrains_the_output_or_is_declared_ignored(engine):
         assert tokens(outs) == tokens(run(engine, request(engine, text, **kw)))
 
 
+# the same schemas and a forced call on every engine: a keyword GBNF left unenforced
+# (``patternProperties``, ``minimum`` on a number), and a call in the model's own markup
+PATTERNED = {"type": "object", "patternProperties": {"^t_[a-z]+$": {"type": "number",
+                                                                     "minimum": 100.5}},
+             "additionalProperties": False, "minProperties": 1, "maxProperties": 2}
+CALL_TOOLS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"], "additionalProperties": False}}
+
+
+@pytest.mark.parametrize("case", ["schema", "call"])
+def test_the_same_constraint_holds_on_every_engine(engine, case):
+    import json
+
+    import jsonschema
+
+    from podium.grammar import schema_grammar, tool_call_grammar
+    if case == "schema":
+        grammar = schema_grammar(PATTERNED, "response_format.json_schema.schema")
+        text = "Give temperatures as JSON."
+    else:
+        grammar = tool_call_grammar(CALL_TOOLS, "hermes", False,
+                                    engine.tokenizer.grammar_specials)
+        text = "What is the weather in Oslo?"
+    engine.check_grammar(grammar)
+    outs = run(engine, request(engine, text, grammar=grammar, max_tokens=64,
+                               temperature=1.0, seed=11))
+    if not engine.capabilities.grammar:
+        return
+    answer = engine.tokenizer.decode([t for t in tokens(outs)
+                                      if t not in engine.tokenizer.eos_token_ids])
+    assert outs[-1].finish_reason == "stop", answer
+    if case == "schema":
+        jsonschema.validate(json.loads(answer), PATTERNED)
+    else:
+        head, body, tail = answer.split("\n")
+        assert (head, tail) == ("<tool_call>", "</tool_call>"), answer
+        call = json.loads(body)
+        assert call["name"] == "get_weather"
+        jsonschema.validate(call["arguments"], CALL_TOOLS["get_weather"])
+
+
 # -- log-probabilities ------------------------------------------------------------------------
 
 def test_logprobs_give_the_chosen_token_and_k_alternatives(engine):

@@ -33,6 +33,9 @@ class HarmonyTokenizer:
     vocab_size = 201088
     bos_token = "<|startoftext|>"
     eos_token = "<|return|>"
+    # Harmony's markup: special tokens in a grammar (as llguidance reads gpt-oss's vocabulary)
+    grammar_specials = frozenset({"<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                                  "<|constrain|>", "<|return|>", "<|call|>", "<|endoftext|>"})
 
     def __init__(self) -> None:
         self._enc = encoding()
