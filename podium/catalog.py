@@ -24,7 +24,7 @@ from podium.settings import Settings, split_name
 PER_MODEL = frozenset({
     "model", "model_file", "engine", "ctx_size", "max_num_seqs", "max_queued_requests",
     "deterministic", "grammar_ms_per_token", "threads", "batch_size", "tool_parser",
-    "reasoning_parser", "reasoning_field", "chat_template_file",
+    "reasoning_parser", "reasoning_field", "reasoning_budgets", "chat_template_file",
     "allow_request_chat_template", "harmony", "harmony_vocab_dir", "max_tokens_cap", "seed",
     "matryoshka_dimensions",
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",

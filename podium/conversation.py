@@ -134,6 +134,9 @@ class Options:
     response_format: ResponseFormat | None = None
     reasoning_effort: str | None = None
     thinking: bool = True               # False: the model is asked not to think
+    reasoning_budget: int | None = None     # reasoning tokens the model may write before
+    #                                         the engine ends its reasoning (None: no limit)
+    reasoning_budget_param: str | None = None   # the caller's parameter it came from
     chat_template: str | None = None    # a per-request template (Chat's extension)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True

@@ -133,10 +133,14 @@ def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, option
                            settings.max_tokens_cap or asked))
     budget = output_budget(len(prompt.token_ids), asked, context, settings.max_tokens_cap,
                            options.messages_param, options.max_tokens_param)
+    reasoning = dialect.reasoning(prompt, options)
+    record = telemetry.current()
+    if record is not None and reasoning is not None:
+        record.reasoning_budget = reasoning.tokens
     choices = []
     for i in range(options.n):
         sampling = replace(options.sampling, max_tokens=budget, grammar=grammar,
-                           seed=choice_seed(options.seed, settings.seed, i))
+                           reasoning=reasoning, seed=choice_seed(options.seed, settings.seed, i))
         dialect.sampling(sampling)
         request = EngineRequest(new_id("req"), prompt.token_ids, sampling, options.logprobs)
         choices.append(Choice(request, dialect.stream(prompt, options)))
@@ -202,6 +206,9 @@ class UsageFold:
                 total.cached_tokens += max(u.cached_tokens for u in group)
                 total.completion_tokens += sum(u.completion_tokens for u in group)
                 total.reasoning_tokens += sum(u.reasoning_tokens for u in group)
+        record = telemetry.current()
+        if record is not None:
+            record.reasoning_tokens = total.reasoning_tokens
         return total
 
 

@@ -16,6 +16,8 @@ from typing import Any, Mapping
 
 ENV_PREFIX = "PODIUM_"
 THREAD_WAITS = ("brief", "spin", "openmp", "sleep")     # engine/llamacpp/threads.py's WAITS
+# the reasoning tokens each effort allows (--reasoning-budgets), by default
+REASONING_BUDGETS = "none=0,minimal=0,low=1024,medium=4096,high=16384,xhigh=32768,max=32768"
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -139,6 +141,12 @@ class Settings:
     reasoning_field: str = _opt(
         "reasoning_content", "Where reasoning goes in chat answers: reasoning_content, "
         "reasoning, or both.")
+    reasoning_budgets: str = _opt(
+        REASONING_BUDGETS, "Reasoning tokens a request's effort allows before the engine "
+        "ends the model's reasoning, as EFFORT=TOKENS pairs separated by commas (an effort "
+        "not given keeps its default); an effort of 0 tokens turns thinking off where the "
+        "chat template has a switch. Efforts: Chat's reasoning_effort, Responses' "
+        "reasoning.effort, Anthropic's output_config.effort, Ollama's think.")
     harmony: bool = _opt(
         False, "Serve the model as a Harmony (gpt-oss) model even if it is not detected as "
         "one (detection: the gpt-oss architecture or a Harmony chat template).")
@@ -285,6 +293,7 @@ class Settings:
         if self.keep_alive < 0 or not self.load_timeout > 0:
             raise ValueError("--keep-alive must be 0 or more and --load-timeout more than 0")
         self.budget_bytes()         # a malformed size fails here
+        self.effort_budgets()       # and a malformed table
         if not self.response_lease_seconds > 0:
             raise ValueError(f"--response-lease-seconds must be more than 0, not "
                              f"{self.response_lease_seconds}")
@@ -317,6 +326,10 @@ class Settings:
         except ValueError:
             raise ValueError(f"--memory-budget {raw!r}: give bytes, a size such as 12G or "
                              f"800M, or a percentage such as 75%") from None
+
+    def effort_budgets(self) -> dict[str, int]:
+        """``--reasoning-budgets``: the reasoning tokens of each effort."""
+        return effort_budgets(self.reasoning_budgets)
 
     @property
     def aliases(self) -> list[tuple[str, str]]:
@@ -392,6 +405,27 @@ def _alias(entry: str) -> tuple[str, str]:
         raise ValueError(f"--model-alias {entry!r}: expected PATTERN=SERVED, e.g. "
                          "'claude-*=my-model'")
     return pattern, served
+
+
+def effort_budgets(given: str) -> dict[str, int]:
+    """A ``--reasoning-budgets`` table over the defaults (ValueError: malformed)."""
+    budgets = dict(_budget_entry(entry, REASONING_BUDGETS)
+                   for entry in REASONING_BUDGETS.split(","))
+    for entry in filter(str.strip, given.split(",")):
+        effort, tokens = _budget_entry(entry, given)
+        if effort not in budgets:
+            raise ValueError(f"--reasoning-budgets {given!r}: unknown effort {effort!r} "
+                             f"(efforts: {', '.join(budgets)})")
+        budgets[effort] = tokens
+    return budgets
+
+
+def _budget_entry(entry: str, given: str) -> tuple[str, int]:
+    effort, eq, tokens = (part.strip() for part in entry.partition("="))
+    if not eq or not effort or not (tokens.isascii() and tokens.isdigit()):
+        raise ValueError(f"--reasoning-budgets {given!r}: {entry.strip()!r} is not "
+                         f"EFFORT=TOKENS with TOKENS 0 or more, e.g. 'low=1024,high=16384'")
+    return effort, int(tokens)
 
 
 def _from_file(cls: type, path: str) -> dict[str, Any]:

@@ -162,6 +162,8 @@ class RequestRecord:
     error_type: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_budget: int | None = None     # the request's, in tokens (None: none)
+    reasoning_tokens: int = 0
     first_token: float | None = None
     _last_token: float | None = None
     body: bytes = b""
@@ -208,6 +210,9 @@ class RequestRecord:
             "ttft_ms": None if self.first_token is None
             else round((self.first_token - self.start) * 1000, 1),
             "duration_ms": round((time.monotonic() - self.start) * 1000, 1)}
+        if self.reasoning_budget is not None:     # applied, and whether reasoning reached it
+            fields["reasoning_budget"] = self.reasoning_budget
+            fields["reasoning_tokens"] = self.reasoning_tokens
         if self.error_type:
             fields["error"] = self.error_type
         if self.capture:

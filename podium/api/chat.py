@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, AsyncGenerator
 
 from podium.api import common
 from podium.api.common import sampling_params, stop_strings
+from podium.api.reasoning import (DEFAULT_BUDGETS, NO_LIMIT, Budget, applied, of_effort,
+                                  off)
 from podium.api.structured import structured_grammar
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
                                  TextPart, Tool, ToolCall, custom_tool)
@@ -58,12 +60,14 @@ class ChatService:
 
     def _prepare(self, req: ChatCompletionRequest) -> Prepared:
         tok = self._engine.tokenizer
-        opts = options(req, tok.vocab_size, tok.grammar_specials)
+        opts = options(req, tok.vocab_size, tok.grammar_specials,
+                       budgets=self._settings.effort_budgets())
         return prepare(self._engine, self._dialect, conversation(req), opts, self._settings)
 
 
 def options(req: ChatCompletionRequest, vocab_size: int,
-            specials: Collection[str] = ()) -> Options:
+            specials: Collection[str] = (), *,
+            budgets: Mapping[str, int] = DEFAULT_BUDGETS) -> Options:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true",
                                   param="top_logprobs")
@@ -76,7 +80,7 @@ def options(req: ChatCompletionRequest, vocab_size: int,
     choice = req.tool_choice
     if req.structured_outputs is not None:
         response_format = _structured(req.structured_outputs, req, response_format, specials)
-    return Options(
+    return applied(Options(
         model=req.model,
         sampling=sampling_params(req, 0, vocab_size, None),
         n=req.n,
@@ -89,10 +93,27 @@ def options(req: ChatCompletionRequest, vocab_size: int,
         parallel_tool_calls=req.parallel_tool_calls is not False,
         response_format=response_format,
         reasoning_effort=req.reasoning_effort,
-        thinking=(req.chat_template_kwargs or {}).get("enable_thinking", True) is not False,
         chat_template=req.chat_template,
         chat_template_kwargs=req.chat_template_kwargs,
-        add_generation_prompt=req.add_generation_prompt)
+        add_generation_prompt=req.add_generation_prompt), _budget(req, budgets))
+
+
+def _budget(req: ChatCompletionRequest, budgets: Mapping[str, int]) -> Budget:
+    """``enable_thinking: false`` is off; else vLLM's count; else the effort's tokens (an
+    effort of none turns thinking off: not beside an explicit ``enable_thinking: true``)."""
+    switch = (req.chat_template_kwargs or {}).get("enable_thinking")
+    if switch is False:
+        return off("chat_template_kwargs.enable_thinking")
+    if req.thinking_token_budget is not None:
+        return Budget(req.thinking_token_budget, "thinking_token_budget")
+    if req.reasoning_effort is None:
+        return NO_LIMIT
+    budget = of_effort(req.reasoning_effort, budgets, "reasoning_effort")
+    if switch is True and not budget.thinking:
+        raise InvalidRequestError(
+            f"reasoning_effort {req.reasoning_effort!r} turns thinking off, but "
+            f"chat_template_kwargs.enable_thinking is true; give one", param="reasoning_effort")
+    return budget
 
 
 def _structured(so: StructuredOutputs, req: ChatCompletionRequest,

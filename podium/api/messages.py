@@ -19,6 +19,9 @@ model's dialect, and ``render.messages`` renders the choice's events as Anthropi
   and no two share a name.
 - ``tool_choice`` ``any`` / ``tool`` are forced by the same grammar as Chat's ``required`` /
   named function; ``thinking: disabled`` turns the template's thinking switch off.
+- A reasoning budget (api/reasoning.py): ``thinking: enabled``'s ``budget_tokens`` (Anthropic's
+  rules: at least 1,024 and below ``max_tokens``, else a 400), else ``output_config.effort``
+  through the model's ``--reasoning-budgets``; ``disabled`` is 0.
 - ``max_tokens`` is a ceiling: cut to what the context has left (Claude Code asks 128,000).
 - ``output_config.format`` (a JSON schema) constrains the text like Chat's response_format;
   ``thinking.display: "omitted"`` sends thinking blocks with their signature alone.
@@ -30,9 +33,11 @@ import functools
 import json
 import logging
 import secrets
+from collections.abc import Mapping
 from typing import Any, AsyncGenerator
 
 from podium.api import common
+from podium.api.reasoning import NO_LIMIT, Budget, applied, of_effort, off
 from podium.api.sealing import Sealer
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
                                  TextPart, Tool, ToolCall)
@@ -41,7 +46,6 @@ from podium.engine.base import Engine
 from podium.errors import ContextLengthExceeded, InvalidRequestError
 from podium.generation import (Prepared, check_options, drive, fold, off_loop,
                                prepare, start)
-from podium.harmony.format import EFFORTS
 from podium.protocol.messages import CountTokensRequest, MessageParam, MessagesRequest
 from podium.render.messages import MessageBuilder
 from podium.settings import Settings
@@ -50,6 +54,8 @@ from podium.store.base import NO_OWNER
 log = logging.getLogger(__name__)
 
 BILLING_HEADER = "x-anthropic-billing-header:"
+EFFORTS = ("low", "medium", "high", "xhigh", "max")     # output_config.effort's
+MIN_BUDGET_TOKENS = 1024                                # Anthropic's least thinking budget
 _CLIENT_TOOL_TYPES = (None, "custom")
 
 
@@ -168,16 +174,16 @@ class MessagesService:
                 choice = req.tool_choice.name
             else:
                 choice = {"auto": "auto", "any": "required", "none": "none"}[kind]
-        thinking = req.thinking is None or req.thinking.type != "disabled"
         config = req.output_config or {}
-        effort = config.get("effort")
-        options = Options(
+        effort = _effort(config)
+        budget = _budget(req, full, effort, self._settings.effort_budgets())
+        options = applied(Options(
             model=req.model, sampling=common.sampling(), tools=tools, tool_choice=choice,
-            parallel_tool_calls=parallel, thinking=thinking,
-            chat_template_kwargs=None if thinking else {"enable_thinking": False},
-            reasoning_effort=effort if effort in EFFORTS else None,
+            parallel_tool_calls=parallel,       # Harmony's highest effort for Anthropic's max
+            reasoning_effort="xhigh" if effort == "max" else effort,
             response_format=_format(config.get("format")),
-            fit_max_tokens=True, messages_param="messages", max_tokens_param="max_tokens")
+            fit_max_tokens=True, messages_param="messages", max_tokens_param="max_tokens"),
+            budget)
         if full is not None:
             options.sampling = common.sampling(temperature=full.temperature, top_p=full.top_p,
                                                top_k=full.top_k)
@@ -205,6 +211,34 @@ class MessagesService:
             tools.append(Tool(tool.name, tool.input_schema, tool.description,
                               where=f"{where}.input_schema", strict=tool.strict is True))
         return tools
+
+
+def _effort(config: dict[str, Any]) -> str | None:
+    effort = config.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequestError(f"output_config.effort must be one of {', '.join(EFFORTS)}",
+                                  param="output_config.effort")
+    return effort
+
+
+def _budget(req: CountTokensRequest | MessagesRequest, full: MessagesRequest | None,
+            effort: str | None, budgets: Mapping[str, int]) -> Budget:
+    """``thinking: disabled`` is off; ``enabled`` is its ``budget_tokens`` (Anthropic's
+    rules: at least 1,024, below ``max_tokens``); else ``output_config.effort``'s tokens."""
+    thinking = req.thinking
+    if thinking is not None and thinking.type == "disabled":
+        return off("thinking.type")
+    if thinking is not None and thinking.type == "enabled":
+        n = thinking.budget_tokens
+        if n is None or n < MIN_BUDGET_TOKENS:
+            raise InvalidRequestError(
+                f"thinking.budget_tokens: thinking of type 'enabled' needs budget_tokens, "
+                f"an integer of at least {MIN_BUDGET_TOKENS}", param="thinking.budget_tokens")
+        if full is not None and n >= full.max_tokens:
+            raise InvalidRequestError("`max_tokens` must be greater than "
+                                      "`thinking.budget_tokens`", param="thinking.budget_tokens")
+        return Budget(n, "thinking.budget_tokens")
+    return NO_LIMIT if effort is None else of_effort(effort, budgets, "output_config.effort")
 
 
 def _format(fmt: Any) -> ResponseFormat | None:

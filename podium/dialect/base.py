@@ -8,6 +8,7 @@ everything family-specific, so the services hold no family branches:
 - ``prompt``: a ``Conversation`` and its ``Options`` rendered and tokenized;
 - ``constraint``: the grammar a forced tool call or a response format puts on decoding;
 - ``sampling``: what the dialect adds to every request's sampling (stop tokens);
+- ``reasoning``: a request's reasoning budget in the family's own tokens;
 - ``stream``: one choice's ``ChoiceStream`` (engine outputs in, semantic events out).
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from podium.conversation import Conversation, Options
-from podium.engine.base import SamplingParams
+from podium.engine.base import ReasoningBudget, SamplingParams
 from podium.stream import ChoiceStream
 
 
@@ -35,7 +36,11 @@ class Dialect(Protocol):
         for anything this model cannot be asked."""
 
     def constraint(self, options: Options) -> str | None:
-        """The GBNF grammar decoding must follow, or None."""
+        """The llguidance grammar decoding must follow, or None."""
+
+    def reasoning(self, prompt: Prompt, options: Options) -> ReasoningBudget | None:
+        """``options.reasoning_budget`` as the engine keeps it (the family's open, end and
+        close sequences), or None: no budget, or a model that does not reason."""
 
     def sampling(self, params: SamplingParams) -> None:
         """Add what every choice of this dialect needs (stop tokens) to ``params``."""

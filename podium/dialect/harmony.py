@@ -14,7 +14,7 @@ from typing import Any
 from podium.conversation import Conversation, Options
 from podium.dialect.base import Prompt
 from podium.dialect.template import template_messages, tool_set
-from podium.engine.base import SamplingParams
+from podium.engine.base import ReasoningBudget, SamplingParams
 from podium.errors import InvalidRequestError
 from podium.grammar.harmony import call_grammar, format_grammar
 from podium.harmony.format import Harmony
@@ -58,6 +58,19 @@ class HarmonyDialect:
             return None
         schema = {"type": "object"} if fmt.kind == "json_object" else fmt.schema or {}
         return format_grammar(schema, fmt.where, fmt.strict)
+
+    def reasoning(self, prompt: Prompt, options: Options) -> ReasoningBudget | None:
+        """Reasoning is the analysis channel: the budget ends it with the end of that
+        message and the start of the final one."""
+        if options.reasoning_budget is None:
+            return None
+        encode = self.harmony.encoding.encode
+        return ReasoningBudget(
+            options.reasoning_budget,
+            close=tuple(encode("<|end|><|start|>assistant<|channel|>final<|message|>",
+                               allowed_special="all")),
+            ends=(self.harmony.end_token,),
+            open=tuple(encode("<|channel|>analysis<|message|>", allowed_special="all")))
 
     def sampling(self, params: SamplingParams) -> None:
         params.stop_token_ids = self.harmony.stop_token_ids

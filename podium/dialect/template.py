@@ -18,17 +18,22 @@ from typing import Any
 
 from podium.conversation import Conversation, Message, Options, ResponseFormat
 from podium.dialect.base import Prompt
-from podium.engine.base import SamplingParams, Tokenizer
+from podium.engine.base import ReasoningBudget, SamplingParams, Tokenizer
 from podium.errors import InvalidRequestError
 from podium.grammar import (custom_input, json_object_grammar, schema_grammar,
                             tool_call_grammar)
 from podium.parsing.pipeline import OutputParser
-from podium.parsing.registry import (build_reasoning_parser, build_tool_parser,
+from podium.parsing.reasoning import ReasoningParser
+from podium.parsing.registry import (REASONING_TAGS, build_reasoning_parser, build_tool_parser,
                                      detect_reasoning_parser, detect_tool_parser)
 from podium.parsing.tools.base import ToolSet
 from podium.settings import Settings
 from podium.text.pipeline import TextPipeline, TextStream
 from podium.text.template import ChatTemplate, Literal, control_pattern
+
+# How each reasoning family's templates end reasoning before the answer (the close tag
+# between): Qwen3's and DeepSeek-R1's "<think>\n...\n</think>\n\n", Magistral's "[/THINK]"
+CLOSE = {"think": "\n{}\n\n", "mistral": "{}"}
 
 # Used only when a model file carries no template of its own.
 FALLBACK_TEMPLATE = (
@@ -92,9 +97,10 @@ class TemplateDialect:
     def constraint(self, options: Options) -> str | None:
         """A forced call's grammar; under ``auto``, with a custom tool of a grammar offered
         to a Hermes model, the grammar of text then calls (a call the model starts is held
-        to it: Codex sends ``apply_patch`` so); else the response format's, or None."""
+        to it: Codex sends ``apply_patch`` so) unless a response format holds the answer;
+        else the response format's, or None."""
         auto = (options.offers_tools and not options.forced_call
-                and self.tool_family == "hermes"
+                and options.response_format is None and self.tool_family == "hermes"
                 and any(t.grammar is not None for t in options.tools))
         if options.forced_call or auto:
             family = "hermes" if self.tool_family == "hermes" else "json"
@@ -117,11 +123,30 @@ class TemplateDialect:
     def sampling(self, params: SamplingParams) -> None:
         pass
 
+    def reasoning(self, prompt: Prompt, options: Options) -> ReasoningBudget | None:
+        tags = REASONING_TAGS.get(self.reasoning_family)
+        if options.reasoning_budget is None or tags is None:
+            return None
+        open_tag, close_tag = tags
+        encode = self._tokenizer.encode
+        close = CLOSE[self.reasoning_family].format(close_tag)
+        if options.reasoning_budget == 0:       # right after the open tag: no line to end
+            close = close.lstrip("\n")
+        return ReasoningBudget(
+            options.reasoning_budget,
+            close=tuple(encode(close, add_special=False)),
+            ends=tuple(encode(close_tag, add_special=False)),
+            open=tuple(encode(open_tag, add_special=False)),
+            inside=ReasoningParser.starts_inside(prompt.text, open_tag, close_tag))
+
     # -- per choice ---------------------------------------------------------------------
 
     def stream(self, prompt: Prompt, options: Options) -> TextStream:
+        # thinking off leaves the parser out (a model that ignores the switch writes its tags
+        # as text), unless a budget holds reasoning: then the engine closes what the model
+        # opens, and the parser takes the block out of the answer
         reasoning = (build_reasoning_parser(self.reasoning_family, prompt.text)
-                     if options.thinking else None)
+                     if options.thinking or options.reasoning_budget is not None else None)
         tools = build_tool_parser(self.tool_family, tool_set(options)) \
             if options.offers_tools else None
         parser = OutputParser(reasoning, tools,

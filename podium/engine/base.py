@@ -35,6 +35,21 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     grammar: str | None = None          # llguidance grammar (podium.grammar) the output must match
+    reasoning: ReasoningBudget | None = None    # reasoning the output may hold (engine/budget.py)
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningBudget:
+    """How much a choice may reason, in the family's own tokens (``engine/budget.py``):
+    ``tokens`` of reasoning; ``inside``: the prompt opened it; ``open`` / ``ends``: the
+    sequences with which the model opens and ends it itself; ``close``: what the engine
+    writes to end it when the budget is spent."""
+
+    tokens: int
+    close: tuple[int, ...]
+    ends: tuple[int, ...]
+    open: tuple[int, ...] = ()
+    inside: bool = False
 
 
 @dataclass(slots=True)

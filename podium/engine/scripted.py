@@ -16,15 +16,19 @@ log-probabilities, prefix caching. It is not a product path: ``podium serve`` ne
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
+import re
 import weakref
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable
 
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
-                                EngineStats, FinishReason, ModelInfo, TokenLogprob, Tokenizer)
+                                EngineStats, FinishReason, ModelInfo, ReasoningBudget,
+                                TokenLogprob, Tokenizer)
+from podium.engine.budget import BudgetKeeper
 from podium.errors import InvalidRequestError, Overloaded
 
 Reply = str | list[int]
@@ -91,8 +95,18 @@ class ScriptedEngine:
         return cls(tokenizer, info, replies, **options)
 
     def _script(self, request: EngineRequest) -> list[int]:
-        reply = self._reply(request)
-        ids = self.tokenizer.encode(reply, add_special=False) if isinstance(reply, str) else reply
+        reply, budget = self._reply(request), request.sampling.reasoning
+        if isinstance(reply, str):
+            encode = functools.partial(self.tokenizer.encode, add_special=False)
+            ids = encode(reply)
+            if budget is not None:      # the reply's own tags as the engine's tokens for them
+                ids = []                # (see within_budget), whatever BPE makes of the text
+                tags = {self.tokenizer.decode(list(seq)): seq
+                        for seq in (budget.open, budget.ends) if seq}
+                for piece in re.split(f"({'|'.join(map(re.escape, tags))})", reply):
+                    ids += list(tags[piece]) if piece in tags else encode(piece)
+        else:
+            ids = reply
         return list(ids) + ([self._eos] if self._eos is not None else [])
 
     def check_grammar(self, grammar: str) -> None:
@@ -131,6 +145,8 @@ class ScriptedEngine:
             self.stats["requests"] += 1
             # the replay, in this generator: one hop per output, not two
             script = self._script(request)
+            if request.sampling.reasoning is not None:
+                script = within_budget(script, request.sampling.reasoning)
             params, produced, k = request.sampling, 0, request.logprobs
             prompt_lp: list[TokenLogprob | None] | None = None
             if request.prompt_logprobs is not None:
@@ -274,3 +290,24 @@ class ScriptedEngine:
 if TYPE_CHECKING:
     def _is_an_engine(engine: ScriptedEngine) -> Engine:
         return engine                   # mypy: ScriptedEngine satisfies the boundary
+
+
+def within_budget(script: list[int], budget: ReasoningBudget) -> list[int]:
+    """``script`` as an engine keeping ``budget`` writes it: where the budget ends the
+    script's reasoning, the close written in its place, and the script going on after its own
+    end of reasoning (its answer)."""
+    keeper, out, i = BudgetKeeper(budget), [], 0
+    while i < len(script) or keeper.forced() is not None:
+        forced = keeper.forced()
+        if forced is None:
+            token, i = script[i], i + 1
+        else:
+            token = forced
+        keeper.feed(token)
+        out.append(token)
+        if forced is not None and keeper.forced() is None:     # the close is written
+            ends, n = budget.ends, len(budget.ends)
+            i = next((j + n for j in range(i, len(script) - n + 1)
+                      if tuple(script[j:j + n]) == ends), i)
+    return out
+

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
-from podium.protocol.common import LENIENT, SamplingFields
+from podium.protocol.common import LENIENT, SamplingFields, ThinkingTokenBudget
 from podium.protocol.structured import StructuredOutputs
 
 
@@ -244,3 +244,4 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    thinking_token_budget: ThinkingTokenBudget = None      # vLLM's extension

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 # OpenAI accepts and ignores fields it does not know; so does Podium.
 LENIENT = ConfigDict(extra="ignore")
 
 Stop = str | Annotated[list[str], Field(max_length=4)] | None
+# vLLM's ``thinking_token_budget``: reasoning tokens, or -1 for no limit (as not given)
+ThinkingTokenBudget = Annotated[StrictInt, Field(ge=-1),
+                                AfterValidator(lambda n: None if n == -1 else n)] | None
 
 
 class StreamOptions(BaseModel):

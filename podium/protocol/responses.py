@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from podium.protocol.chat import GrammarDefinition
-from podium.protocol.common import LENIENT
+from podium.protocol.common import LENIENT, ThinkingTokenBudget
 
 
 class TextContent(BaseModel):
@@ -178,6 +178,7 @@ class ResponsesRequest(BaseModel):
     seed: int | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
+    thinking_token_budget: ThinkingTokenBudget = None      # vLLM's Chat extension, here too
     metadata: dict[str, str] | None = None
     store: bool = True
     previous_response_id: str | None = None

@@ -104,10 +104,13 @@ def test_cut_mid_call_is_length_with_valid_json(tokenizer, client_for):
             json.loads(arguments)
 
 
-def test_enable_thinking_false_makes_everything_content(tokenizer, client_for):
+def test_enable_thinking_false_closes_the_reasoning_of_a_model_that_thinks_anyway(
+        tokenizer, client_for):
+    """Thinking off is a reasoning budget of 0: the engine closes the <think> the model
+    opens regardless, and the answer is what follows the model's own end of thinking."""
     c = client_for(thinking_engine(tokenizer, "<think>x</think>answer"))
     body = c.post(URL, json=ask(chat_template_kwargs={"enable_thinking": False})).json()
-    assert body["choices"][0]["message"]["content"] == "<think>x</think>answer"
+    assert body["choices"][0]["message"]["content"] == "answer"
     assert "reasoning_content" not in body["choices"][0]["message"]
 
 

@@ -328,3 +328,5 @@ def test_under_auto_a_grammar_custom_tool_constrains_any_call_the_model_starts(
     assert engine.requests[-1].sampling.grammar is None         # free text: nothing to hold
     c.post(CHAT, json={**body, "tool_choice": "none"})
     assert engine.requests[-1].sampling.grammar is None
+    c.post(CHAT, json={**body, "response_format": {"type": "json_object"}})
+    assert "podium_text" not in engine.requests[-1].sampling.grammar    # the format's own

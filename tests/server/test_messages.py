@@ -199,11 +199,14 @@ def test_max_tokens_is_a_ceiling_cut_to_the_room_left(serve):
     assert len(request.prompt_token_ids) + request.sampling.max_tokens == 512
 
 
-def test_thinking_disabled_turns_the_reasoning_parser_off(serve):
-    sdk, _ = serve(["<think>hidden?</think>Answer."])
+def test_thinking_disabled_holds_a_model_that_thinks_anyway_to_no_reasoning(serve):
+    """Disabled thinking is a budget of 0: a model that opens <think> regardless has it
+    closed at once by the engine, and the answer is what follows its own end of thinking."""
+    sdk, http = serve(["<think>hidden?</think>Answer."])
     message = sdk.messages.create(**ask(thinking={"type": "disabled"}))
+    assert http.engine.requests[-1].sampling.reasoning.tokens == 0
+    assert [b.text for b in message.content if b.type == "text"] == ["Answer."]
     assert [b.type for b in message.content] == ["text"]
-    assert message.content[0].text == "<think>hidden?</think>Answer."
 
 
 # -- counting ---------------------------------------------------------------------------

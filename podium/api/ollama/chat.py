@@ -8,7 +8,8 @@ for ``raw`` and ``suffix``, as a prompt of tokens), rendered by ``render.ollama`
   models read text.
 - ``think``: true, false or an effort (``"low"``, ``"medium"``, ``"high"``, ``"max"``, the last
   Harmony's ``high``); on a model that cannot think a true value is Ollama's 400, ``"<model>"
-  does not support thinking``. Absent: the model thinks when it can, as in Ollama.
+  does not support thinking``. Absent: the model thinks when it can, as in Ollama. A level
+  is a reasoning budget through the model's ``--reasoning-budgets``; false is a budget of 0.
 - ``format``: ``"json"`` or a JSON schema, enforced by the same grammar as Chat's
   ``response_format``.
 - ``options``: ``num_predict`` is a ceiling (cut to the room the context has left; below 1:
@@ -37,6 +38,7 @@ arrival; the token counts are the usage every API reports, the ones ``/metrics``
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncGenerator
 
@@ -45,6 +47,7 @@ import orjson
 from podium import telemetry
 from podium.api import common
 from podium.api.common import stop_strings
+from podium.api.reasoning import DEFAULT_BUDGETS, NO_LIMIT, Budget, applied, of_effort, off
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
                                  TextPart, Tool, ToolCall)
 from podium.dialect import Dialect
@@ -153,7 +156,8 @@ class OllamaService:
 
     def _prepare(self, req: Generation, conversation: Conversation, prompt_param: str,
                  tools: list[Tool]) -> Prepared:
-        opts = options(req, self._dialect, prompt_param, tools)
+        opts = options(req, self._dialect, prompt_param, tools,
+                       self._settings.effort_budgets())
         prepared = prepare(self._engine, self._dialect, conversation, opts, self._settings)
         for choice in prepared.choices:
             _fit_num_ctx(req, prepared.prompt_tokens, choice.request.sampling)
@@ -185,17 +189,22 @@ class OllamaService:
                                                        False), prompt_tokens=len(ids)))
 
 
-def options(req: Generation, dialect: Dialect, prompt_param: str, tools: list[Tool]
-            ) -> Options:
+def options(req: Generation, dialect: Dialect, prompt_param: str, tools: list[Tool],
+            budgets: Mapping[str, int] = DEFAULT_BUDGETS) -> Options:
     thinking, effort = _think(req, dialect)
-    return Options(
+    return applied(Options(
         model=req.model, sampling=_sampling(req), max_tokens=_num_predict(req),
         seed=_opt(req, "seed"), stop=stop_strings(_opt(req, "stop")), tools=tools,
         response_format=_format(req), reasoning_effort=effort, thinking=thinking,
-        chat_template_kwargs=None if thinking or req.think is None
-        else {"enable_thinking": False},
         fit_max_tokens=True, messages_param=prompt_param,
-        max_tokens_param="options.num_predict")
+        max_tokens_param="options.num_predict"), _budget(req, budgets))
+
+
+def _budget(req: Generation, budgets: Mapping[str, int]) -> Budget:
+    """``think: false`` is off; a level is its tokens; true or absent, no limit."""
+    if req.think is False:
+        return off("think")
+    return of_effort(req.think, budgets, "think") if isinstance(req.think, str) else NO_LIMIT
 
 
 def _opt(req: Generation, name: str) -> Any:

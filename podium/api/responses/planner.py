@@ -88,7 +88,7 @@ class Planner:
                      for item in items):
                 raise InvalidRequestError(
                     "An approved MCP call needs its mcp tool in tools", param="tools")
-            options = to_options(req, tools)
+            options = to_options(req, tools, self._settings.effort_budgets())
             wheres = [source] * len(history) + [f"input[{i}]" for i in range(len(items))]
             rounds = _Rounds(req, history + items, wheres, tools, options, owner)
             prepared = await off_loop(self._prepare_fitting, rounds, options, approved,

@@ -18,11 +18,13 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 from pydantic import TypeAdapter, ValidationError
 
 from podium.api import common
+from podium.api.reasoning import DEFAULT_BUDGETS, NO_LIMIT, Budget, applied, of_effort
 from podium.api.responses.mcp import error_text
 from podium.api.sealing import Sealer
 from podium.conversation import (Conversation, Message, Options, Reasoning, ResponseFormat,
@@ -410,13 +412,14 @@ def _reasoning(item: dict[str, Any], sealer: Sealer, owner: str, where: str
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-def to_options(req: ResponsesRequest, tools: ToolMap) -> Options:
+def to_options(req: ResponsesRequest, tools: ToolMap,
+               budgets: Mapping[str, int] = DEFAULT_BUDGETS) -> Options:
     include = set(req.include or ())
     effort = (req.reasoning or {}).get("effort")
     if effort is not None and effort not in EFFORTS:
         raise InvalidRequestError(f"reasoning.effort must be one of {', '.join(EFFORTS)}",
                                   param="reasoning.effort")
-    return Options(
+    return applied(Options(
         model=req.model,
         sampling=common.sampling(temperature=req.temperature, top_p=req.top_p),
         max_tokens=req.max_output_tokens,
@@ -430,7 +433,14 @@ def to_options(req: ResponsesRequest, tools: ToolMap) -> Options:
         response_format=response_format((req.text or {}).get("format")),
         reasoning_effort=effort,
         messages_param="input",
-        max_tokens_param="max_output_tokens")
+        max_tokens_param="max_output_tokens"), _budget(req.thinking_token_budget, effort, budgets))
+
+
+def _budget(count: int | None, effort: str | None, budgets: Mapping[str, int]) -> Budget:
+    """vLLM's count wins; else the effort's tokens (none: thinking off); else no limit."""
+    if count is not None:
+        return Budget(count, "thinking_token_budget")
+    return NO_LIMIT if effort is None else of_effort(effort, budgets, "reasoning.effort")
 
 
 def response_format(fmt: Any) -> ResponseFormat | None:

@@ -27,6 +27,7 @@ from llguidance import LLMatcher
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from podium.engine.base import SamplingParams, TokenLogprob
+from podium.engine.budget import BudgetKeeper
 
 GRAMMAR_BURST_TOKENS = 16   # a budget of this many tokens may be spent in one step
 
@@ -47,6 +48,8 @@ class Sampler:
     def __init__(self, params: SamplingParams, n_vocab: int, matcher: LLMatcher | None = None,
                  grammar_budget: float = 0.0):
         self._matcher = matcher
+        # the reasoning budget, kept here so a preempted job's count travels with it
+        self.reasoning = BudgetKeeper(params.reasoning) if params.reasoning else None
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params())
         self.seed = params.seed if params.seed is not None else random.getrandbits(32)
@@ -68,7 +71,27 @@ class Sampler:
         return self._budget > 0 and self.credit < 0
 
     def sample(self, ctx, index: int = -1) -> int:
-        """Draw the next token from output ``index`` of the last decode (and remember it)."""
+        """The next token: the reasoning budget's forced one (``engine/budget.py``), or one
+        drawn from output ``index`` of the last decode; remembered either way."""
+        keeper = self.reasoning
+        if keeper is None:
+            return self._draw(ctx, index)
+        token = keeper.forced()
+        if token is not None and self._allows(token):
+            llama_cpp.llama_sampler_accept(self._chain, token)     # penalties see it
+            if self._matcher is not None:
+                self._matcher.consume_token(token)
+        else:
+            if token is not None:
+                keeper.refused()
+            token = self._draw(ctx, index)
+        keeper.feed(token)
+        return token
+
+    def _allows(self, token: int) -> bool:
+        return self._matcher is None or self._matcher.validate_tokens([token]) == 1
+
+    def _draw(self, ctx, index: int) -> int:
         matcher = self._matcher
         if matcher is None:
             return llama_cpp.llama_sampler_sample(self._chain, ctx, index)

@@ -168,6 +168,10 @@ class VllmEngine:
             scheduling_policy="priority")
         if kind in ("embedding", "rerank"):
             args.update(runner="pooling", enable_prefix_caching=False)
+        elif _thinks(self.tokenizer):
+            # a <think> model: vLLM keeps a request's reasoning budget (thinking_token_budget)
+            # once its reasoning parser knows the tags
+            args["reasoning_parser"] = "deepseek_r1"
         if kind == "rerank":        # a cross-encoder: the pair as its tokenizer joins one
             self._pair = self.tokenizer.pair_layout()
             self.pair_overhead = sum(len(part) for part in self._pair[:3])
@@ -178,6 +182,7 @@ class VllmEngine:
         if gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = gpu_memory_utilization
         args.update(engine_args or {})
+        self._budgets = bool(args.get("reasoning_parser") or args.get("reasoning_config"))
         started = time.monotonic()
         self._thread: threading.Thread | None = None
         if loop is not None:
@@ -472,7 +477,16 @@ class VllmEngine:
 
         s = req.sampling
         stops = set(s.stop_token_ids) | (set() if s.ignore_eos else set(self._eos))
+        budget = None
+        if s.reasoning is not None:
+            if not self._budgets:
+                raise InvalidRequestError(
+                    "This model's reasoning budget cannot be kept by vLLM without a reasoning "
+                    "parser (serve it with --engine-arg reasoning_parser=NAME)",
+                    param="reasoning")
+            budget = s.reasoning.tokens
         return SamplingParams(
+            thinking_token_budget=budget,
             temperature=s.temperature, top_p=s.top_p, top_k=max(0, s.top_k), min_p=s.min_p,
             seed=s.seed, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
@@ -526,3 +540,14 @@ def _token_logprob(token: int, position: dict[int, Any], k: int) -> TokenLogprob
 if TYPE_CHECKING:
     def _is_an_engine(engine: VllmEngine) -> Engine:
         return engine                   # mypy: VllmEngine satisfies the boundary
+
+
+def _thinks(tokenizer: HfTokenizer) -> bool:
+    """The model reasons in ``<think>`` tags of its own tokens (Qwen3, DeepSeek-R1): what
+    vLLM's ``deepseek_r1`` reasoning parser reads."""
+    from podium.parsing.registry import detect_reasoning_parser
+    if detect_reasoning_parser(tokenizer.chat_template) != "think":
+        return False
+    return all(len(tokenizer.encode(tag, add_special=False)) == 1
+               for tag in ("<think>", "</think>"))
+
