@@ -306,8 +306,13 @@ def within_budget(script: list[int], budget: ReasoningBudget) -> list[int]:
         keeper.feed(token)
         out.append(token)
         if forced is not None and keeper.forced() is None:     # the close is written
-            ends, n = budget.ends, len(budget.ends)
-            i = next((j + n for j in range(i, len(script) - n + 1)
-                      if tuple(script[j:j + n]) == ends), i)
+            i = _after(script, i, budget.close) or _after(script, i, budget.ends) or i
     return out
+
+
+def _after(script: list[int], start: int, seq: tuple[int, ...]) -> int | None:
+    """Where ``script`` goes on after the first ``seq`` from ``start`` (None: none)."""
+    n = len(seq)
+    return next((j + n for j in range(start, len(script) - n + 1)
+                 if tuple(script[j:j + n]) == seq), None)
 

@@ -117,3 +117,21 @@ def test_through_the_api_a_forced_call_and_a_format_reach_the_engine(tmp_path):
         assert r.status_code == 200, r.text
         assert json.loads(r.json()["choices"][0]["message"]["content"])["age"] == 36
         assert '"final"' in engine.requests[-1].sampling.grammar
+
+
+def test_a_reasoning_budget_ends_the_analysis_and_the_final_message_follows(tmp_path):
+    """Harmony's reasoning is the analysis channel: at the budget the engine writes the end
+    of that message and the start of the final one, and the answer follows."""
+    thought = "Let me think about the weather in Paris in great detail. " * 4
+    engine = h.engine([h.completion(h.analysis(thought), h.final("Sunny."))])
+    settings = Settings(store_url=f"sqlite:///{tmp_path / 'r.db'}", reasoning_budgets="low=5")
+    with TestClient(create_app(settings, engine)) as client:
+        r = client.post("/v1/chat/completions", json={
+            "model": h.SERVED, "reasoning_effort": "low",
+            "messages": [{"role": "user", "content": "Weather in Paris?"}]})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] == "Sunny."
+    written = h.encoding().encode(message["reasoning_content"], allowed_special="all")
+    assert len(written) == 5 and thought.startswith(message["reasoning_content"])
+    assert engine.requests[-1].sampling.reasoning.tokens == 5
