@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -175,3 +176,31 @@ def test_forced_calls_send_a_grammar(scripted, client_for):
     assert "object" in engine.requests[-1].sampling.grammar
     c.post(URL, json=ask())
     assert engine.requests[-1].sampling.grammar is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reasoning_budget_holds_every_choice_with_logprobs(tokenizer, client_for, stream):
+    """n choices each keep their own budget; logprobs cover the engine's close like any
+    token; streamed and not alike."""
+    reply = "<think>one two three four five six seven eight</think>The answer."
+    c = client_for(thinking_engine(tokenizer, reply))
+    body = ask(tools=None, n=2, logprobs=True, thinking_token_budget=3, stream=stream)
+    r = c.post(URL, json=body)
+    assert r.status_code == 200, r.text
+    if stream:
+        choices = {}
+        for chunk in events(r.text):
+            for ch in chunk["choices"]:
+                got = choices.setdefault(ch["index"], {"reasoning": "", "content": ""})
+                got["reasoning"] += ch["delta"].get("reasoning_content") or ""
+                got["content"] += ch["delta"].get("content") or ""
+        answers = [choices[i] for i in sorted(choices)]
+    else:
+        answers = [{"reasoning": ch["message"].get("reasoning_content") or "",
+                    "content": ch["message"]["content"]} for ch in r.json()["choices"]]
+        for ch in r.json()["choices"]:
+            assert ch["logprobs"] is not None
+    assert len(answers) == 2
+    for got in answers:
+        assert len(tokenizer.encode(got["reasoning"].strip(), add_special=False)) == 3
+        assert got["content"].strip() == "The answer."
