@@ -99,9 +99,7 @@ class TemplateDialect:
         to a Hermes model, the grammar of text then calls (a call the model starts is held
         to it: Codex sends ``apply_patch`` so) unless a response format holds the answer;
         else the response format's, or None."""
-        auto = (options.offers_tools and not options.forced_call
-                and options.response_format is None and self.tool_family == "hermes"
-                and any(t.grammar is not None for t in options.tools))
+        auto = self._holds_calls(options)
         if options.forced_call or auto:
             family = "hermes" if self.tool_family == "hermes" else "json"
             tools = [t for t in options.tools if t.name in tool_set(options).schemas]
@@ -119,6 +117,13 @@ class TemplateDialect:
                 strict={t.name for t in tools if t.strict}, custom=custom,
                 rules="\n".join(rules), text_first=auto)
         return format_grammar(options.response_format)
+
+    def _holds_calls(self, options: Options) -> bool:
+        """``tool_choice: auto`` on a Hermes model with a custom tool of a grammar offered
+        (and no response format): the calls the model starts are held to the grammar."""
+        return (options.offers_tools and not options.forced_call
+                and options.response_format is None and self.tool_family == "hermes"
+                and any(t.grammar is not None for t in options.tools))
 
     def sampling(self, params: SamplingParams) -> None:
         pass
@@ -147,7 +152,8 @@ class TemplateDialect:
         # opens, and the parser takes the block out of the answer
         reasoning = (build_reasoning_parser(self.reasoning_family, prompt.text)
                      if options.thinking or options.reasoning_budget is not None else None)
-        tools = build_tool_parser(self.tool_family, tool_set(options)) \
+        tools = build_tool_parser(self.tool_family, tool_set(options),
+                                  fallback=not self._holds_calls(options)) \
             if options.offers_tools else None
         parser = OutputParser(reasoning, tools,
                               calls_finish="stop" if options.named_call else "tool_calls")

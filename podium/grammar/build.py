@@ -121,8 +121,12 @@ def tool_call_grammar(tools: Mapping[str, Any], family: str, parallel: bool,
         start = 'podium_one ("\\n" podium_one)*' if parallel else "podium_one"
         if text_first:      # text, in which a reasoning family writes its think tokens
             tags = " | ".join(t for t in ("<think>", "</think>") if t in specials)
-            lines += ["PODIUM_TEXT: /(.|\\n)+/",
-                      f"podium_text: (PODIUM_TEXT{' | ' + tags if tags else ''})*"]
+            # text never spells the markup that opens a call (the parser reads text), so a
+            # call can only begin with the <tool_call> token, and the grammar holds it
+            lines += ["PODIUM_TEXT: /(?s:.+)/ & ~/(?s:.*)(<tool_call>|<function=)(?s:.*)/",
+                      # one text between tags: two in a row could spell the markup
+                      "podium_text: PODIUM_TEXT?" + (f" (({tags}) PODIUM_TEXT?)*" if tags
+                                                     else "")]
             start = f"podium_text ({start})?"
     else:
         start = ('"[" podium_call ("," " "? podium_call)* "]"' if parallel

@@ -76,14 +76,18 @@ def check_names(tool_parser: str, reasoning_parser: str) -> None:
                          f"{', '.join(['auto', 'none', *REASONING_TAGS])}")
 
 
-def build_tool_parser(name: str, tools: ToolSet):
+def build_tool_parser(name: str, tools: ToolSet, fallback: bool = True):
+    """The family's parser, and the bare / fenced JSON fallback unless ``fallback`` is off
+    (a grammar that holds the calls to the family's markup: a call in plain JSON text would
+    escape it)."""
     if name == "none":
         return None
     try:
         primary = TOOL_PARSERS[name](tools)
     except KeyError:
         raise InvalidRequestError(f"Unknown tool parser {name!r}") from None
-    return primary if name in _NO_FALLBACK else WithJsonFallback(primary, tools)
+    return primary if name in _NO_FALLBACK or not fallback else WithJsonFallback(primary,
+                                                                              tools)
 
 
 def build_reasoning_parser(name: str, prompt: str) -> ReasoningParser | None:

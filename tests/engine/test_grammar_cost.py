@@ -159,3 +159,9 @@ def test_under_auto_a_started_call_is_held_to_its_custom_grammar(default):
     assert accepts("Let me file it.\n" + call.format("BIL-0042"))
     assert not accepts("Let me file it.\n" + call.format("billing"))
     assert not accepts(call.format("BIL-0042") + "\nand more text")
+    # the markup spelled as text (not its token), which the parser would read as a call
+    spelled = (tok.encode("Filing it: <tool", add_special=False)
+               + tok.encode('_call>\n{"name": "ticket", "arguments": {"input": "no"}}',
+                            add_special=False))
+    matcher = default._grammars.matcher(grammar)
+    assert not (matcher.consume_tokens(spelled) and matcher.is_accepting())

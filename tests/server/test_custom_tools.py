@@ -330,3 +330,17 @@ def test_under_auto_a_grammar_custom_tool_constrains_any_call_the_model_starts(
     assert engine.requests[-1].sampling.grammar is None
     c.post(CHAT, json={**body, "response_format": {"type": "json_object"}})
     assert "podium_text" not in engine.requests[-1].sampling.grammar    # the format's own
+
+
+def test_held_calls_are_read_only_from_the_markup(scripted, client_for):
+    """Where the grammar holds the calls (auto, a custom tool of a grammar), a call written
+    as bare JSON text escaped it: it stays text, not a call the grammar never checked."""
+    bare = '{"name": "apply_patch", "arguments": {"input": "echo hi > a.txt"}}'
+    fmt = {"type": "grammar", "grammar": {"syntax": "lark", "definition": LARK}}
+    c = client_for(scripted([bare, bare]))
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "Fix a.py"}],
+            "tools": [chat_custom(fmt)]}
+    message = c.post(CHAT, json=body).json()["choices"][0]["message"]
+    assert message.get("tool_calls") is None and message["content"] == bare
+    free = c.post(CHAT, json={**body, "tools": [chat_custom()]}).json()["choices"][0]
+    assert free["message"]["tool_calls"][0]["custom"]["input"] == "echo hi > a.txt"
