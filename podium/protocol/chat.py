@@ -56,19 +56,31 @@ class CustomCall(BaseModel):
     input: str
 
 
-class ToolCall(BaseModel):
-    """A function's call, or (``type: "custom"``) a custom tool's."""
+class _FunctionOrCustom(BaseModel):
+    """An entry of ``type`` ``function`` or ``custom``, holding the field its type names
+    (one model with both fields rather than a tagged union, so errors name
+    ``tools[0].custom.name``, not ``tools[0].custom.custom.name``)."""
 
     model_config = LENIENT
-    id: str
     type: Literal["function", "custom"] = "function"
-    function: FunctionCall | None = None
-    custom: CustomCall | None = None
 
     @model_validator(mode="after")
-    def _filled(self) -> ToolCall:
-        _check_kind(self, self.type)
+    def _filled(self) -> _FunctionOrCustom:
+        if getattr(self, self.type, None) is None:
+            raise ValueError(f"a {self.type!r} entry needs its {self.type!r} field")
         return self
+
+    @property
+    def name(self) -> str:
+        return getattr(self, self.type).name
+
+
+class ToolCall(_FunctionOrCustom):
+    """A function's call, or (``type: "custom"``) a custom tool's."""
+
+    id: str
+    function: FunctionCall | None = None
+    custom: CustomCall | None = None
 
 
 class SystemMessage(BaseModel):
@@ -172,32 +184,13 @@ class CustomDefinition(BaseModel):
         return (grammar.syntax, grammar.definition) if grammar else None
 
 
-def _check_kind(model: BaseModel, kind: str) -> None:
-    """``function`` or ``custom``: the field of that name is there (one model with both
-    fields rather than a tagged union, so errors name ``tools[0].custom.name``, not
-    ``tools[0].custom.custom.name``)."""
-    if getattr(model, kind) is None:
-        raise ValueError(f"a {kind!r} entry needs its {kind!r} field")
 
-
-class Tool(BaseModel):
+class Tool(_FunctionOrCustom):
     """A function, or (``type: "custom"``) a custom tool: free text, or a grammar's."""
 
-    model_config = LENIENT
     type: Literal["function", "custom"]
     function: FunctionDefinition | None = None
     custom: CustomDefinition | None = None
-
-    @model_validator(mode="after")
-    def _filled(self) -> Tool:
-        _check_kind(self, self.type)
-        return self
-
-    @property
-    def name(self) -> str:
-        tool = self.function or self.custom
-        assert tool is not None         # (_filled)
-        return tool.name
 
 
 class NamedFunction(BaseModel):
@@ -205,22 +198,10 @@ class NamedFunction(BaseModel):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = LENIENT
+class NamedToolChoice(_FunctionOrCustom):
     type: Literal["function", "custom"]
     function: NamedFunction | None = None
     custom: NamedFunction | None = None
-
-    @model_validator(mode="after")
-    def _filled(self) -> NamedToolChoice:
-        _check_kind(self, self.type)
-        return self
-
-    @property
-    def name(self) -> str:
-        tool = self.function or self.custom
-        assert tool is not None         # (_filled)
-        return tool.name
 
 
 class ResponseFormat(BaseModel):
