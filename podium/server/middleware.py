@@ -19,6 +19,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from logging import INFO
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -110,8 +111,8 @@ class RequestMiddleware:
                 record.error_type = "server_error"
                 self._metrics.errors.labels("server_error").inc()
             self._metrics.requests.labels(record.endpoint, str(record.status or 500)).inc()
-            if record.endpoint not in OPEN_PATHS:
-                telemetry.access_log.info(record.line(self._json))
+            if record.endpoint not in OPEN_PATHS and telemetry.access_log.isEnabledFor(INFO):
+                telemetry.access_log.info(record.line(self._json))  # made only to be logged
 
 
 class LimitMiddleware:

@@ -15,7 +15,7 @@ from typing import Awaitable, TypeVar
 from starlette.requests import Request
 
 from podium.errors import PodiumError
-from podium.server.sse import ServerShuttingDown, until_disconnect
+from podium.server.sse import ServerShuttingDown, being_cancelled, until_disconnect
 
 T = TypeVar("T")
 
@@ -33,6 +33,9 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     shutdown grace period ends first (``ServerShuttingDown``); either cancels ``work``."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(until_disconnect(request.receive))
+    # the watch ends the work from a callback, as sse.SSEResponse's does: the work alone is
+    # awaited, not the pair (asyncio.wait and gather: ~10 us more a request)
+    gone.add_done_callback(lambda _: task.cancel())
     drain = getattr(request.app.state, "drain", None)
     stopped = False
 
@@ -43,16 +46,17 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
 
     unwatch = drain.watch(stop) if drain is not None else None
     try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        return await task       # (cancelling this task cancels the work, and waits for it)
+    except asyncio.CancelledError:
+        if not task.cancelled() or being_cancelled():
+            raise
+        if stopped:
+            raise ServerShuttingDown() from None
+        raise ClientDisconnected("The client closed the connection; the request was "
+                                 "stopped") from None
     finally:
         gone.cancel()
         if unwatch is not None:
             unwatch()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, gone, return_exceptions=True)
-    if stopped and task.cancelled():
-        raise ServerShuttingDown()
-    if task.cancelled():
-        raise ClientDisconnected("The client closed the connection; the request was stopped")
-    return task.result()
+        if gone.done() and not gone.cancelled():
+            gone.exception()        # retrieved: a watch that failed ended the work as a leave

@@ -138,7 +138,9 @@ class TextStream:
                 events.insert(0, PromptLogprobs(out.prompt_logprobs))
             if parser is not None:
                 events = parser.feed(events)
-        if reasoning is not None and before != "content":
+        if before == "reasoning":          # a thinking token (most of a reasoning model's)
+            self._reasoning_tokens += len(ids)
+        elif before != "content" and reasoning is not None:
             self._count_reasoning(before, reasoning.state, len(ids))
         if text.finished:
             self.finished = True
@@ -146,9 +148,9 @@ class TextStream:
         return events
 
     def _count_reasoning(self, before: str, after: str, tokens: int) -> None:
-        if before == "reasoning":
-            self._reasoning_tokens += tokens
-        elif before == "start":
+        """Tokens that came while the reasoning parser was in ``before`` ("start" or
+        "after"; ``feed`` counts "reasoning" itself) and left it in ``after``."""
+        if before == "start":
             if after == "start":            # the opening tag may be coming: wait and see
                 self._undecided += tokens
             elif after in ("reasoning", "after"):
