@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import functools
 import os
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Mapping
 
 ENV_PREFIX = "PODIUM_"
@@ -327,7 +329,7 @@ class Settings:
             raise ValueError(f"--memory-budget {raw!r}: give bytes, a size such as 12G or "
                              f"800M, or a percentage such as 75%") from None
 
-    def effort_budgets(self) -> dict[str, int]:
+    def effort_budgets(self) -> Mapping[str, int]:
         """``--reasoning-budgets``: the reasoning tokens of each effort."""
         return effort_budgets(self.reasoning_budgets)
 
@@ -407,8 +409,10 @@ def _alias(entry: str) -> tuple[str, str]:
     return pattern, served
 
 
-def effort_budgets(given: str) -> dict[str, int]:
-    """A ``--reasoning-budgets`` table over the defaults (ValueError: malformed)."""
+@functools.lru_cache(maxsize=64)
+def effort_budgets(given: str) -> Mapping[str, int]:
+    """A ``--reasoning-budgets`` table over the defaults (ValueError: malformed); read once
+    per table (every request asks), and read-only."""
     budgets = dict(_budget_entry(entry, REASONING_BUDGETS)
                    for entry in REASONING_BUDGETS.split(","))
     for entry in filter(str.strip, given.split(",")):
@@ -417,7 +421,7 @@ def effort_budgets(given: str) -> dict[str, int]:
             raise ValueError(f"--reasoning-budgets {given!r}: unknown effort {effort!r} "
                              f"(efforts: {', '.join(budgets)})")
         budgets[effort] = tokens
-    return budgets
+    return MappingProxyType(budgets)
 
 
 def _budget_entry(entry: str, given: str) -> tuple[str, int]:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from podium.conversation import Options
 from podium.settings import REASONING_BUDGETS, effort_budgets
 
 # the table of a model without settings of its own (a caller outside a served model's)
-DEFAULT_BUDGETS: Mapping[str, int] = MappingProxyType(effort_budgets(REASONING_BUDGETS))
+DEFAULT_BUDGETS: Mapping[str, int] = effort_budgets(REASONING_BUDGETS)
 
 
 @dataclass(frozen=True, slots=True)
