@@ -131,6 +131,7 @@ class Options:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "auto"           # "auto", "none", "required", or a function's name
     parallel_tool_calls: bool = True
+    parallel_asked: bool = False        # the client sent parallel_tool_calls: true itself
     response_format: ResponseFormat | None = None
     reasoning_effort: str | None = None
     thinking: bool = True               # False: the model is asked not to think

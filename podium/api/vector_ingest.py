@@ -145,6 +145,7 @@ class Ingestor:
                 await asyncio.wait_for(asyncio.shield(self._task), STOP_SECONDS)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            await self._store.settle(STOP_SECONDS)      # its store call, if one is running
         if held is not None:
             with contextlib.suppress(StoreUnavailable):
                 await self._store.release([held], self.replica)

@@ -110,8 +110,8 @@ class TemplateDialect:
                     rules.append(more)
             return tool_call_grammar(
                 {t.name: t.parameters for t in tools}, family,
-                parallel=options.parallel_tool_calls and options.tool_choice in ("required",
-                                                                                 "auto"),
+                parallel=options.parallel_tool_calls if auto else (
+                    options.tool_choice == "required" and options.parallel_asked),
                 specials=self._tokenizer.grammar_specials,
                 params={t.name: t.where for t in tools},
                 strict={t.name for t in tools if t.strict}, custom=custom,

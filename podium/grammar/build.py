@@ -108,11 +108,14 @@ def tool_call_grammar(tools: Mapping[str, Any], family: str, parallel: bool,
     alternatives = []
     for name, schema in tools.items():
         head = json.dumps(json.dumps({"name": name, "arguments": 0})[:-2])
+        where = params.get(name, "tools")
         if name in custom:
             args = f'"{{\\"input\\": " {custom[name]} "}}"'
-        else:
-            args = _json({"type": "object"} if schema is None else schema, name in strict,
-                         params.get(name, "tools"))
+        else:       # the parameters it declares, none other unless it says so: a small
+            #         model held to a schema that allows more invents more (as llama.cpp's
+            #         grammars, which default additionalProperties to false)
+            args = _json(closed_schema({"type": "object"} if schema is None else schema,
+                                       where), name in strict, where)
         alternatives.append(f'{head} {args} "}}"')
     lines = ["podium_call: " + "\n    | ".join(alternatives)]
     if family == "hermes":
@@ -336,7 +339,7 @@ def _json_with(schema: Any, param: str, compact: bool, whitespace_pattern: str |
     elif whitespace_pattern is not None:
         options["whitespace_pattern"] = whitespace_pattern
     if closed:
-        body = _closed(body)
+        body = closed_schema(body, param)
     return "%json " + json.dumps({"x-guidance": options, **body}, ensure_ascii=False)
 
 
@@ -346,6 +349,15 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
 _SUBSCHEMAS = ("additionalProperties", "unevaluatedProperties", "propertyNames", "contains",
                "additionalItems", "unevaluatedItems", "not", "if", "then", "else", "items",
                "prefixItems", "allOf", "anyOf", "oneOf")
+
+
+def closed_schema(schema: Any, param: str) -> Any:
+    """``_closed``, or a 400 naming ``param`` for a schema nested past Python's recursion
+    (llguidance refuses such depths anyway)."""
+    try:
+        return _closed(schema)
+    except RecursionError:
+        raise InvalidRequestError("JSON schema: nested too deeply", param=param) from None
 
 
 def _closed(schema: Any) -> Any:

@@ -18,7 +18,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from podium.grammar.build import Grammar, _checked, _json
+from podium.grammar.build import Grammar, _checked, _json, closed_schema
 
 _REASONING = ['PODIUM_TEXT: /(.|\\n)+/',
               'podium_analysis: <|channel|> "analysis" <|message|> PODIUM_TEXT? <|end|> '
@@ -40,7 +40,8 @@ def call_grammar(tools: Mapping[str, Any], params: Mapping[str, str],
     calls = []
     for name, schema in tools.items():
         where = params.get(name, "tools")
-        args = _json({"type": "object"} if schema is None else schema, name in strict, where)
+        args = _json(closed_schema({"type": "object"} if schema is None else schema, where),
+                     name in strict, where)     # the parameters it declares (build.py)
         to = json.dumps(f"to=functions.{name}")
         calls.append(f'(<|channel|> "commentary " {to} | " " {to} <|channel|> "commentary")'
                      f' " " <|constrain|>? "json" <|message|> {args} <|call|>')

@@ -24,6 +24,8 @@ the API makes filters by owner, so another key's store is as missing as one that
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any, Iterable
 
 import orjson
@@ -119,10 +121,29 @@ class VectorStoreStore:
     def __init__(self, engine: sa.Engine):
         self.engine = engine
         create_tables(engine, TABLES)
+        self._busy = 0                  # calls running on worker threads
+        self._lock = threading.Lock()
 
     async def _run(self, fn, *args):
         with _mapped():
-            return await asyncio.to_thread(fn, *args)
+            return await asyncio.to_thread(self._counted, fn, *args)
+
+    def _counted(self, fn, *args):
+        with self._lock:
+            self._busy += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    async def settle(self, seconds: float) -> None:
+        """Wait (at most ``seconds``) for the calls running on worker threads to end: a
+        caller cancelled mid-call leaves its thread running, holding a connection, and the
+        engine must not be disposed under it (the connection would never be closed)."""
+        deadline = time.monotonic() + seconds
+        while self._busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     # -- stores -------------------------------------------------------------------------
 

@@ -60,11 +60,12 @@ def test_the_users_own_openmp_variables_win():
 
 
 def test_podium_serve_sets_it_before_llama_cpp_loads(tmp_path):
-    """``--thread-wait`` is applied before the serve path imports llama.cpp (the model here
-    does not exist: the start fails after the imports, which is all this needs)."""
-    code = ("from podium.cli import main\n"
+    """``--thread-wait`` is applied by the serve path before anything loads llama.cpp (the
+    model here does not exist: the start fails before a model loads, and llama.cpp, with
+    its OpenMP, is loaded after it, as a model's load would)."""
+    code = ("import sys\nfrom podium.cli import main\n"
             f"main(['serve', '--thread-wait', 'sleep', '--model', '{tmp_path}/none.gguf'])\n"
-            "import sys; assert 'llama_cpp' in sys.modules")
+            "assert 'llama_cpp' not in sys.modules\nimport llama_cpp")
     assert openmp(code)["GOMP_SPINCOUNT"] == "0"
 
 

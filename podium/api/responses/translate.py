@@ -430,6 +430,7 @@ def to_options(req: ResponsesRequest, tools: ToolMap,
         tool_choice=(tools.tool_choice(req.tool_choice) if tools.tools    # none: a choice
                      else "required" if req.tool_choice == "required" else "auto"),  # is moot
         parallel_tool_calls=req.parallel_tool_calls is not False,
+        parallel_asked=req.parallel_tool_calls is True,
         response_format=response_format((req.text or {}).get("format")),
         reasoning_effort=effort,
         messages_param="input",
@@ -462,6 +463,7 @@ def skeleton(req: ResponsesRequest) -> dict[str, Any]:
         instructions=req.instructions, tools=req.tools or [],
         tool_choice=req.tool_choice or "auto",
         parallel_tool_calls=req.parallel_tool_calls is not False,
+        parallel_asked=req.parallel_tool_calls is True,
         temperature=req.temperature if req.temperature is not None else 1.0,
         top_p=req.top_p if req.top_p is not None else 1.0,
         max_output_tokens=req.max_output_tokens, max_tool_calls=req.max_tool_calls,
