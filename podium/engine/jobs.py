@@ -27,8 +27,12 @@ class Job:
     aborted: bool = False
 
     def emit(self, item: EngineOutput | BaseException) -> None:
-        """From the worker's thread: hand ``item`` to the caller's loop."""
-        self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+        """From the worker's thread: hand ``item`` to the caller's loop; none to hand it to
+        once that loop is closed (its caller is gone: the job is over, the worker goes on)."""
+        try:
+            self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+        except RuntimeError:        # "Event loop is closed"
+            self.aborted = True
 
 
 J = TypeVar("J", bound=Job)

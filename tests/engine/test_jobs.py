@@ -124,3 +124,24 @@ def test_outputs_dropped_unread_end_the_job_early_and_after_the_end_do_nothing()
         return dropped, finished
 
     assert asyncio.run(scenario()) == ([True], [False])
+
+
+def test_an_output_for_a_closed_loop_ends_the_job_not_the_worker():
+    """A caller's loop closed while its request was in a step (a script's asyncio.run ending
+    after an abort): the worker's emit must not raise in the worker's thread, which would
+    end it and every other request with it."""
+    loop = asyncio.new_event_loop()
+    gone = Job(EngineRequest("r", [1, 2], SamplingParams()), loop, asyncio.Queue())
+    loop.close()
+    caught: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _emit(gone, caught))
+    worker.start()
+    worker.join()
+    assert caught == [] and gone.aborted
+
+
+def _emit(job: Job, caught: list[BaseException]) -> None:
+    try:
+        job.emit(EngineOutput([7]))
+    except BaseException as exc:  # noqa: BLE001 - what the test looks for
+        caught.append(exc)
