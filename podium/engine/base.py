@@ -36,6 +36,9 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: str | None = None          # llguidance grammar (podium.grammar) the output must match
     reasoning: ReasoningBudget | None = None    # reasoning the output may hold (engine/budget.py)
+    # Predicted Outputs: the tokens the client expects the output to mostly be, offered to
+    # the engine as drafts to verify (engine/draft.py); never changes the answer
+    prediction: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,10 @@ class EngineOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # first output only, when asked
     stopped_by_token: bool = False      # the last token is EOS / a stop token: count it, no text
     cached_tokens: int = 0              # first output: prompt tokens reused from the KV cache
+    # of the prediction's draft tokens, those this output accepted and those it rejected
+    # (``SamplingParams.prediction``; summed over a choice's outputs)
+    accepted_prediction: int = 0
+    rejected_prediction: int = 0
 
 
 class Tokenizer(Protocol):
@@ -193,6 +200,8 @@ class Capabilities:
     preemption: bool = True     # a request waiting for a sequence takes a lower-priority
                                 # running one's at once (within one engine step); false: it
                                 # waits for the next sequence that frees
+    drafts: bool = True         # ``SamplingParams.prediction`` is verified as drafts (its
+                                # figures counted); false: ignored, nothing accepted
 
 
 # The figures every engine keeps (``/health`` shows them all, ``/metrics`` reads them):

@@ -41,6 +41,11 @@ class BudgetKeeper:
         """The token the engine writes now instead of sampling one, if any."""
         return self._forcing[0] if self._forcing else None
 
+    @property
+    def forcing(self) -> list[int]:
+        """The close still to write (the next ``forced`` tokens)."""
+        return list(self._forcing)
+
     def refused(self) -> None:
         """The forced token was refused (by a grammar): drop the close, try again later."""
         self._forcing = []

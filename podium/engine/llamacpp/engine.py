@@ -59,6 +59,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +68,7 @@ import llama_cpp
 
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, TokenLogprob)
+from podium.engine.draft import MAX_DRAFT, NGRAM, PREDICTION, Drafts, StepCosts
 from podium.engine.jobs import Job, JobOutputs
 from podium.engine.llamacpp.model import Interrupt, LlamaModel, LlamaTokenizer, shut_down
 from podium.engine.llamacpp.constraint import Grammars
@@ -83,6 +85,7 @@ class _Parked:
     """A preempted job's progress, to resume it where it was."""
 
     sampler: Sampler
+    drafts: Drafts | None
     tokens: list[int]           # prompt and generated tokens; the last is not decoded yet
     generated: int
     cached_tokens: int          # still to report with its first output (0 once reported)
@@ -120,6 +123,7 @@ class _Slot:
     cached: list[int] = field(default_factory=list)
     job: Job | None = None
     sampler: Sampler | None = None
+    drafts: Drafts | None = None                        # its draft sources (engine/draft.py)
     pending: list[int] = field(default_factory=list)    # prompt tokens still to prefill
     next_token: int = -1                                # the token the next step decodes
     generated: int = 0
@@ -141,7 +145,8 @@ class LlamaCppEngine:
 
     def __init__(self, path: Path, *, served_name: str, n_ctx: int = 8192, n_batch: int = 128,
                  n_threads: int = 0, max_num_seqs: int = 4, max_queued: int = 256,
-                 deterministic: bool = True, grammar_ms_per_token: float = 10.0):
+                 deterministic: bool = True, grammar_ms_per_token: float = 10.0,
+                 speculative: str = "ngram"):
         self._slots = [_Slot(i) for i in range(max(1, max_num_seqs))]
         self._model = LlamaModel(path, n_ctx=n_ctx, n_batch=n_batch,
                                  n_threads=n_threads or os.cpu_count() or 1,
@@ -155,8 +160,15 @@ class LlamaCppEngine:
         self._n_batch = n_batch
         self._n_vocab = self.tokenizer.vocab_size
         self._rows = INVARIANT_ROWS if deterministic else n_batch
+        self._costs = StepCosts(min(self._rows, n_batch))
         self._max_queued = max_queued
         self._grammar_ms = grammar_ms_per_token
+        # drafts only where they cannot change an answer --deterministic promises: llama.cpp's
+        # CPU kernels give a verify batch's rows other numbers than one row a step (up to
+        # 0.47 of a logit on a 2-core AVX2 machine, bench/verify_numerics.py)
+        self._drafting = not deterministic
+        self._ngram = self._drafting and speculative == "ngram"
+        self.capabilities = Capabilities(drafts=self._drafting)
         self._grammars = Grammars(self._model.vocab, self._n_vocab,
                                   self.tokenizer.eos_token_ids)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, len(self._slots)), 0, 1)
@@ -170,7 +182,9 @@ class LlamaCppEngine:
         self._active: dict[str, Job] = {}
         self._clock = 0
         self._closing = False
-        self.stats = EngineStats(*ENGINE_STATS, "interrupted")     # decodes undone
+        self.stats = EngineStats(*ENGINE_STATS, "interrupted",     # decodes undone
+                                 *(f"{what}_{source}" for source in (PREDICTION, NGRAM)
+                                   for what in ("drafted", "accepted")))
         self.stats["kv_capacity"] = self._n_ctx * len(self._slots)
         self._stats_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
@@ -318,9 +332,10 @@ class LlamaCppEngine:
         slot = min(below, key=lambda s: (_priority(s), len(s.cached)))
         victim = slot.job
         assert isinstance(victim, _Job) and slot.sampler is not None
-        victim.parked = _Parked(slot.sampler, slot.cached + slot.pending + [slot.next_token],
+        victim.parked = _Parked(slot.sampler, slot.drafts,
+                                slot.cached + slot.pending + [slot.next_token],
                                 slot.generated, slot.cached_tokens)
-        slot.sampler = None             # the parked job's now: not closed with the slot
+        slot.sampler = slot.drafts = None   # the parked job's now: not closed with the slot
         self._release(slot)             # what it decoded stays cached in the slot
         self._count_waiting(+1)
         parked.append(victim)
@@ -352,10 +367,14 @@ class LlamaCppEngine:
             slot.sampler = Sampler(req.sampling, self._n_vocab,
                                    self._grammars.matcher(grammar) if grammar else None,
                                    grammar_budget=self._grammar_ms / 1000)
+            prediction = req.sampling.prediction
+            slot.drafts = (Drafts(prompt, prediction, self._ngram) if self._drafting and (
+                prediction or self._ngram) and not scoring else None)
             slot.generated, slot.cached_tokens = 0, keep
             self.stats["requests"] += 1
         else:
-            slot.sampler, slot.generated = parked.sampler, parked.generated
+            slot.sampler, slot.drafts = parked.sampler, parked.drafts
+            slot.generated = parked.generated
             slot.cached_tokens = parked.cached_tokens
         slot.job = job
         slot.pending = list(prompt[keep:-1])
@@ -416,58 +435,150 @@ class LlamaCppEngine:
         return True
 
     def _decode_step(self, slots: list[_Slot]) -> bool:
-        """One new token for each of ``slots``: one decode, then each one's own sampler; a
-        resumed job's slot decodes the next of the tokens it had generated instead (one a
-        step, as they were first decoded: several of one sequence in a decode give other
-        numbers on some CPUs). False when interrupted (nothing sampled)."""
-        if not self._decode([(s, s.pending[0], False) if s.pending else (s, s.next_token, True)
-                             for s in slots]):
+        """One new token for each of ``slots``, and for a sequence with a draft the draft
+        tokens verified too: one decode, then each one's own sampler draws at each of its
+        rows in turn, as many as match its draft and one more; a resumed job's slot decodes
+        the next of the tokens it had generated instead (one a step, as they were first
+        decoded: several of one sequence in a decode give other numbers on some CPUs).
+        False when interrupted (nothing sampled)."""
+        drafts = self._drafts(slots)
+        rows: list[tuple[_Slot, int, bool]] = []
+        for slot, draft in zip(slots, drafts):
+            if slot.pending:
+                rows.append((slot, slot.pending[0], False))
+                continue
+            rows.append((slot, slot.next_token, True))
+            rows += [(slot, token, True) for token in draft]
+        start = time.perf_counter()
+        if not self._decode(rows):
             return False
-        ctx, eog = self._model.ctx, self.tokenizer.eos_token_ids
-        for i, slot in enumerate(slots):
+        self._costs.note(len(rows), time.perf_counter() - start)
+        at = 0
+        for slot, draft in zip(slots, drafts):
             if slot.pending:            # replayed: nothing to sample
                 del slot.pending[0]
+                at += 1
                 continue
-            job, sampler = slot.job, slot.sampler
-            assert job is not None and sampler is not None     # busy slots only
-            req, params = job.request, job.request.sampling
-            if slot.prompt_logprobs is not None and params.max_tokens <= 0:
-                out = EngineOutput([], None, "length", slot.prompt_logprobs)
-                self._release(slot)
-                job.emit(out)
-                continue
-            try:
-                token = sampler.sample(ctx, i)
-                logprobs = None
-                if req.logprobs is not None:
-                    logprobs = [token_logprob(logits_row(ctx, i, self._n_vocab), token,
-                                              req.logprobs)]
-            except Exception as exc:  # noqa: BLE001 - this request fails, the batch goes on
-                log.exception("sampling failed for %s", req.request_id)
-                self._release(slot, keep=False)
-                job.emit(exc)
-                continue
-            if sampler.over_budget:     # ended before it slows the batch again
-                self._release(slot)
-                job.emit(self._grammar_refusal(sampler, params))
-                continue
-            slot.generated += 1
-            self.stats["generated_tokens"] += 1
-            finish: FinishReason | None = None
-            if token in params.stop_token_ids or (token in eog and not (
-                    params.ignore_eos and not sampler.constrained)):
-                finish = "stop"
-            elif slot.generated >= params.max_tokens or len(slot.cached) + 1 >= self._n_ctx:
-                finish = "length"
-            out = EngineOutput([token], logprobs, finish, slot.prompt_logprobs,
-                               stopped_by_token=finish == "stop", cached_tokens=slot.cached_tokens)
-            slot.prompt_logprobs, slot.cached_tokens = None, 0
-            if finish is not None:
-                self._release(slot)       # first, so the counters are right when it arrives
-            else:
-                slot.next_token = token
-            job.emit(out)
+            self._verify(slot, at, draft)
+            at += 1 + len(draft)
         return True
+
+    def _drafts(self, slots: list[_Slot]) -> list[list[int]]:
+        """Each slot's draft for this step: what its controls force next (a reasoning
+        budget's close, the grammar's only way on), else what its draft sources propose, as
+        long as the measured step cost says it pays (``StepCosts.best_length``); within the
+        rows this decode has to spare (none when the running sequences fill it) and the
+        slot's own room."""
+        rows = len(slots)
+        spare = min(self._rows, self._n_batch) - rows
+        out: list[list[int]] = [[] for _ in slots]
+        if spare <= 0 or not self._drafting:
+            return out
+        for i, slot in enumerate(slots):
+            sampler, job = slot.sampler, slot.job
+            if (spare <= 0 or slot.pending or sampler is None or job is None
+                    or slot.prompt_logprobs is not None):
+                continue
+            # (short of the context's end, so no row's length check sees the rows after it)
+            room = min(spare, MAX_DRAFT, job.request.sampling.max_tokens - slot.generated - 1,
+                       self._n_ctx - len(slot.cached) - 3)
+            if room <= 0:
+                continue
+            draft = sampler.forced_ahead()[:room]
+            drafts = slot.drafts
+            if not draft and drafts is not None:
+                source = drafts.ready()
+                length = self._costs.best_length(rows, room, drafts.rate(source)) if source else 0
+                draft = sampler.allowed(drafts.propose(length)) if length else []
+            out[i] = draft
+            spare -= len(draft)
+            rows += len(draft)
+        return out
+
+    def _verify(self, slot: _Slot, base: int, draft: list[int]) -> None:
+        """Draw ``slot``'s tokens from its rows from ``base`` on: the next token, then while
+        each draw equals the draft's token there, the next (a draft never changes what is
+        drawn: each draw is the one the sequence would make without it). Then what the
+        rejected draft tokens left in the KV cache goes."""
+        job, drafts = slot.job, slot.drafts
+        assert job is not None
+        source = drafts.source if drafts is not None and draft else ""
+        keep = len(slot.cached) - len(draft)        # the next token's row and before
+        outs: list[EngineOutput] = []
+        accepted = 0
+        for j in range(len(draft) + 1):
+            out = self._sample(slot, base + j)
+            if out is None:                 # the request failed (emitted already)
+                break
+            outs.append(out)
+            token = out.token_ids[0]
+            if drafts is not None:
+                drafts.feed(token)
+            if j < len(draft) and token == draft[j]:
+                accepted += 1
+                if out.finish_reason is None:
+                    continue
+            break
+        if draft:
+            keep += accepted
+            if len(slot.cached) > keep:
+                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, keep, -1)
+                del slot.cached[keep:]
+            if source:
+                assert drafts is not None
+                drafts.verified(len(draft), accepted)
+                self.stats[f"drafted_{source}"] += len(draft)
+                self.stats[f"accepted_{source}"] += accepted
+                if source == PREDICTION and outs:
+                    outs[-1].accepted_prediction = accepted
+                    outs[-1].rejected_prediction = len(draft) - accepted
+        for out in outs:
+            job.emit(out)
+
+    def _sample(self, slot: _Slot, index: int) -> EngineOutput | None:
+        """The slot's next token, drawn from output ``index`` of the last decode, as its
+        output (not yet emitted); its slot released when the output is the last. None when
+        the request failed: its error is emitted and its slot released."""
+        job, sampler = slot.job, slot.sampler
+        assert job is not None and sampler is not None     # busy slots only
+        req, params = job.request, job.request.sampling
+        ctx = self._model.ctx
+        if slot.prompt_logprobs is not None and params.max_tokens <= 0:
+            out = EngineOutput([], None, "length", slot.prompt_logprobs)
+            self._release(slot)
+            job.emit(out)
+            return None
+        try:
+            token = sampler.sample(ctx, index)
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = [token_logprob(logits_row(ctx, index, self._n_vocab), token,
+                                          req.logprobs)]
+        except Exception as exc:  # noqa: BLE001 - this request fails, the batch goes on
+            log.exception("sampling failed for %s", req.request_id)
+            self._release(slot, keep=False)
+            job.emit(exc)
+            return None
+        if sampler.over_budget:     # ended before it slows the batch again
+            self._release(slot)
+            job.emit(self._grammar_refusal(sampler, params))
+            return None
+        slot.generated += 1
+        self.stats["generated_tokens"] += 1
+        finish: FinishReason | None = None
+        if token in params.stop_token_ids or (token in self.tokenizer.eos_token_ids and not (
+                params.ignore_eos and not sampler.constrained)):
+            finish = "stop"
+        elif slot.generated >= params.max_tokens or len(slot.cached) + 1 >= self._n_ctx:
+            finish = "length"
+        out = EngineOutput([token], logprobs, finish, slot.prompt_logprobs,
+                           stopped_by_token=finish == "stop", cached_tokens=slot.cached_tokens)
+        slot.prompt_logprobs, slot.cached_tokens = None, 0
+        if finish is not None:
+            self._release(slot)       # first, so the counters are right when it arrives
+        else:
+            slot.next_token = token
+        return out
 
     def _grammar_refusal(self, sampler: Sampler, params) -> InvalidRequestError:
         return InvalidRequestError(

@@ -88,6 +88,24 @@ class Sampler:
         keeper.feed(token)
         return token
 
+    def forced_ahead(self) -> list[int]:
+        """The tokens this request's controls will write next whatever the model's logits
+        say: the rest of a reasoning budget's close, else the tokens the grammar alone allows
+        from here. The engine verifies them as a draft: each is drawn as usual, so the answer
+        is the one it would be without."""
+        keeper, matcher = self.reasoning, self._matcher
+        if keeper is not None and keeper.forcing:
+            return self.allowed(keeper.forcing)
+        if matcher is not None:
+            return matcher.compute_ff_tokens()
+        return []
+
+    def allowed(self, tokens: list[int]) -> list[int]:
+        """The longest start of ``tokens`` the grammar allows from here (all without one)."""
+        if self._matcher is None or not tokens:
+            return tokens
+        return tokens[:self._matcher.validate_tokens(tokens)]
+
     def _allows(self, token: int) -> bool:
         return self._matcher is None or self._matcher.validate_tokens([token]) == 1
 

@@ -134,7 +134,8 @@ _EMBEDS = itertools.count()
 
 
 class VllmEngine:
-    capabilities = Capabilities(preemption=False)   # no sequence taken from running work
+    # no sequence taken from running work; n-gram speculation is its own (speculative_config)
+    capabilities = Capabilities(preemption=False, drafts=False)
     pair_overhead = 0                   # a reranker's special tokens around a pair
 
     def __init__(self, model: str | Path, *, served_name: str | None = None,
