@@ -26,7 +26,7 @@ PER_MODEL = frozenset({
     "deterministic", "grammar_ms_per_token", "threads", "batch_size", "tool_parser",
     "reasoning_parser", "reasoning_field", "reasoning_budgets", "chat_template_file",
     "allow_request_chat_template", "harmony", "harmony_vocab_dir", "max_tokens_cap", "seed",
-    "matryoshka_dimensions",
+    "matryoshka_dimensions", "speculative",
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
     "distributed_executor_backend", "gpu_memory_utilization", "enforce_eager", "engine_arg"})
 # a table's own keys, about the model rather than its settings

@@ -117,8 +117,8 @@ class Options:
     """What the caller asks of the answer, in no API's shape.
 
     ``sampling`` is complete except for what ``prepare`` settles per choice (max tokens,
-    seed, grammar, stop tokens). The ``*_param`` fields are the caller's parameter names,
-    used in errors.
+    seed, grammar, stop tokens, the prediction's tokens). The ``*_param`` fields are the
+    caller's parameter names, used in errors.
     """
 
     model: str
@@ -141,6 +141,8 @@ class Options:
     chat_template: str | None = None    # a per-request template (Chat's extension)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    prediction: str | None = None       # Predicted Outputs: the text the answer is expected
+    #                                     to mostly be (drafts for the engine to verify)
     fit_max_tokens: bool = False        # max_tokens is a ceiling: cut it to the room left
     messages_param: str = "messages"
     max_tokens_param: str = "max_tokens"

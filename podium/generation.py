@@ -134,17 +134,35 @@ def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, option
     budget = output_budget(len(prompt.token_ids), asked, context, settings.max_tokens_cap,
                            options.messages_param, options.max_tokens_param)
     reasoning = dialect.reasoning(prompt, options)
+    prediction = predicted(engine, dialect, options)
     record = telemetry.current()
-    if record is not None and reasoning is not None:
-        record.reasoning_budget = reasoning.tokens
+    if record is not None:
+        if reasoning is not None:
+            record.reasoning_budget = reasoning.tokens
+        if prediction is not None:
+            record.prediction_tokens = len(prediction)
     choices = []
     for i in range(options.n):
         sampling = replace(options.sampling, max_tokens=budget, grammar=grammar,
-                           reasoning=reasoning, seed=choice_seed(options.seed, settings.seed, i))
+                           reasoning=reasoning, seed=choice_seed(options.seed, settings.seed, i),
+                           prediction=prediction)
         dialect.sampling(sampling)
         request = EngineRequest(new_id("req"), prompt.token_ids, sampling, options.logprobs)
         choices.append(Choice(request, dialect.stream(prompt, options)))
     return Prepared(len(prompt.token_ids), choices)
+
+
+def predicted(engine: Engine, dialect: Dialect, options: Options) -> tuple[int, ...] | None:
+    """The prediction's tokens (Predicted Outputs), for the engine to verify as drafts, where
+    they can be: one choice (the drafts follow one output), a dialect whose output is the
+    answer's text (Harmony's is channel markup around it), an engine that drafts. Elsewhere
+    the request is answered as without one, no token accepted: OpenAI's answer to a
+    prediction that does not match. Cut at the context length: no output is longer."""
+    if (not options.prediction or options.n != 1 or dialect.name == "harmony"
+            or not engine.capabilities.drafts):
+        return None
+    tokens = engine.tokenizer.encode(options.prediction, add_special=False)
+    return tuple(tokens[:engine.info.context_length]) or None
 
 
 def start(engine: Engine, choices: list[Choice]) -> None:
@@ -168,8 +186,8 @@ class UsageFold:
 
     Choices come in groups of ``n`` that share one prompt (Chat: one group; Completions: one
     per prompt; Responses: one per round of the model). A group's prompt counts once and its
-    cached tokens are the most any of its choices reused; completion and reasoning tokens
-    add up over every choice.
+    cached tokens are the most any of its choices reused; completion and reasoning tokens,
+    and the prediction's accepted and rejected ones, add up over every choice.
     """
 
     __slots__ = ("_n", "_streams", "_usages")
@@ -206,9 +224,15 @@ class UsageFold:
                 total.cached_tokens += max(u.cached_tokens for u in group)
                 total.completion_tokens += sum(u.completion_tokens for u in group)
                 total.reasoning_tokens += sum(u.reasoning_tokens for u in group)
+                total.accepted_prediction_tokens += sum(u.accepted_prediction_tokens
+                                                        for u in group)
+                total.rejected_prediction_tokens += sum(u.rejected_prediction_tokens
+                                                        for u in group)
         record = telemetry.current()
         if record is not None:
             record.reasoning_tokens = total.reasoning_tokens
+            record.accepted_prediction_tokens = total.accepted_prediction_tokens
+            record.rejected_prediction_tokens = total.rejected_prediction_tokens
         return total
 
 

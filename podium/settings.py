@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 ENV_PREFIX = "PODIUM_"
 THREAD_WAITS = ("brief", "spin", "openmp", "sleep")     # engine/llamacpp/threads.py's WAITS
+SPECULATIVE = ("ngram", "off")      # the llama.cpp engine's draft sources beside predictions
 # the reasoning tokens each effort allows (--reasoning-budgets), by default
 REASONING_BUDGETS = "none=0,minimal=0,low=1024,medium=4096,high=16384,xhigh=32768,max=32768"
 
@@ -237,6 +238,15 @@ class Settings:
         "Podium's before: spin 300,000 times; collapses 50-100x beside other work), spin "
         "(never sleep), sleep (sleep at once: 40% slower alone). OMP_WAIT_POLICY or "
         "GOMP_SPINCOUNT set in the environment win over it.", choices=THREAD_WAITS)
+    speculative: str = _opt(
+        "ngram", "llama.cpp engine, with --no-deterministic: speculative decoding's drafts, "
+        "verified in the decode beside each sequence's next token where the measured step "
+        "cost says they pay: ngram (what followed the output's last few tokens earlier in the "
+        "prompt or output, and a request's prediction), off (only a request's prediction "
+        "drafts). With --deterministic nothing drafts (a verify batch's numbers differ from "
+        "one token a step on llama.cpp's CPU kernels). vLLM ignores it: give it "
+        "vLLM's own as an engine argument, e.g. speculative_config={\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}.", choices=SPECULATIVE)
     batch_size: int = _opt(128, "Tokens per prompt-processing chunk; prefix reuse keeps whole "
                            "chunks, and a long prompt holds running streams one chunk at a time.")
     engine: str = _opt(
@@ -286,6 +296,9 @@ class Settings:
         if self.thread_wait not in THREAD_WAITS:
             raise ValueError(f"--thread-wait must be one of {', '.join(THREAD_WAITS)}, not "
                              f"{self.thread_wait!r}")
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(f"--speculative must be one of {', '.join(SPECULATIVE)}, not "
+                             f"{self.speculative!r}")
         if self.stream_keepalive_seconds < 0:
             raise ValueError(f"--stream-keepalive-seconds must be 0 (none) or more, not "
                              f"{self.stream_keepalive_seconds}")

@@ -121,10 +121,17 @@ class Labelled(NamedTuple):
     values: dict[str, float]
 
 
+class ModelLabelled(NamedTuple):
+    """A figure's values by model and one more label (draft tokens by ``source``)."""
+    label: str
+    values: dict[str, dict[str, float]]     # model -> label's value -> figure
+
+
 class _GaugeCollector:
     """Figures read at scrape time (each model's engine and loads, the store's size):
     nothing to keep in sync. A value by model is labelled ``model`` (a ``Labelled`` one by
-    its own label); a name ending in ``_total`` is a counter."""
+    its own label, a ``ModelLabelled`` one by both); a name ending in ``_total`` is a
+    counter."""
 
     def __init__(self, read: Callable[[], dict[str, Any]]):
         self._read = read
@@ -139,14 +146,21 @@ class _GaugeCollector:
                     family.add_metric([key], figure)
                 yield family
                 continue
-            if not isinstance(value, dict):
+            if isinstance(value, ModelLabelled):
+                labels = ["model", value.label]
+                rows = [([model, key], figure) for model, figures in value.values.items()
+                        for key, figure in figures.items()]
+            elif isinstance(value, dict):
+                labels = ["model"]
+                rows = [([model], figure) for model, figure in value.items()]
+            else:
                 yield GaugeMetricFamily(f"podium_{name}", doc, value=value)
                 continue
             family = (CounterMetricFamily(f"podium_{name.removesuffix('_total')}", doc,
-                                          labels=["model"]) if counter
-                      else GaugeMetricFamily(f"podium_{name}", doc, labels=["model"]))
-            for model, figure in value.items():
-                family.add_metric([model], figure)
+                                          labels=labels) if counter
+                      else GaugeMetricFamily(f"podium_{name}", doc, labels=labels))
+            for keys, figure in rows:
+                family.add_metric(keys, figure)
             yield family
 
 
@@ -164,6 +178,9 @@ class RequestRecord:
     completion_tokens: int = 0
     reasoning_budget: int | None = None     # the request's, in tokens (None: none)
     reasoning_tokens: int = 0
+    prediction_tokens: int | None = None    # the prediction's, offered as drafts (None: none)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
     first_token: float | None = None
     _last_token: float | None = None
     body: bytes = b""
@@ -213,6 +230,10 @@ class RequestRecord:
         if self.reasoning_budget is not None:     # applied, and whether reasoning reached it
             fields["reasoning_budget"] = self.reasoning_budget
             fields["reasoning_tokens"] = self.reasoning_tokens
+        if self.prediction_tokens is not None:      # offered, and how much of it was used
+            fields["prediction_tokens"] = self.prediction_tokens
+            fields["accepted_prediction_tokens"] = self.accepted_prediction_tokens
+            fields["rejected_prediction_tokens"] = self.rejected_prediction_tokens
         if self.error_type:
             fields["error"] = self.error_type
         if self.capture:

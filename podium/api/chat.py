@@ -28,6 +28,7 @@ from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, Named
 from podium.protocol.chat import Tool as WireTool
 from podium.protocol.chat import ToolCall as WireToolCall
 from podium.protocol.chat import Message as WireMessage
+from podium.protocol.chat import Prediction as WirePrediction
 from podium.protocol.chat import TextPart as WireTextPart
 from podium.protocol.structured import StructuredOutputs
 from podium.render.chat import ChatChunks, ChatFold
@@ -96,7 +97,8 @@ def options(req: ChatCompletionRequest, vocab_size: int,
         reasoning_effort=req.reasoning_effort,
         chat_template=req.chat_template,
         chat_template_kwargs=req.chat_template_kwargs,
-        add_generation_prompt=req.add_generation_prompt), _budget(req, budgets))
+        add_generation_prompt=req.add_generation_prompt,
+        prediction=_prediction(req.prediction)), _budget(req, budgets))
 
 
 def _budget(req: ChatCompletionRequest, budgets: Mapping[str, int]) -> Budget:
@@ -115,6 +117,15 @@ def _budget(req: ChatCompletionRequest, budgets: Mapping[str, int]) -> Budget:
             f"reasoning_effort {req.reasoning_effort!r} turns thinking off, but "
             f"chat_template_kwargs.enable_thinking is true; give one", param="reasoning_effort")
     return budget
+
+
+def _prediction(prediction: WirePrediction | None) -> str | None:
+    """The predicted text; text parts joined as they are, since together they are the text
+    the answer is expected to be (not paragraphs of a message)."""
+    if prediction is None:
+        return None
+    content = prediction.content
+    return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
 def _structured(so: StructuredOutputs, req: ChatCompletionRequest,

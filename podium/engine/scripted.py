@@ -3,14 +3,16 @@
 Replies are text or token ids; text goes through a real tokenizer (the GGUF vocabulary of the
 model being imitated), so everything above the engine boundary (detokenizer, stop strings,
 parsers, renderers) runs exactly as with a real model. It honours max tokens, stop token ids
-and aborts, and can be paced (seconds per step, tokens per step). Given ``max_num_seqs`` it
-runs that many requests at once, queues ``max_queued`` more and refuses the rest, as the
-embedded engine does; by default it takes any number. Queued requests run as the embedded
-engine runs them: highest priority first, first come first served within one, and one that
-finds every place taken by lower-priority requests preempts the lowest (the latest of them to
-start), which gives its place up at its next step and resumes where it was when its turn
-comes again. Its ``Capabilities`` say what a script cannot do: sampling, grammars, real
-log-probabilities, prefix caching. It is not a product path: ``podium serve`` never builds one.
+and aborts, reports a prediction's draft tokens accepted and rejected as a drafting engine
+would (``verifies``; the tokens are the script's either way), and can be paced (seconds per
+step, tokens per step). Given ``max_num_seqs`` it runs that many requests at once, queues
+``max_queued`` more and refuses the rest, as the embedded engine does; by default it takes
+any number. Queued requests run as the embedded engine runs them: highest priority first,
+first come first served within one, and one that finds every place taken by lower-priority
+requests preempts the lowest (the latest of them to start), which gives its place up at its
+next step and resumes where it was when its turn comes again. Its ``Capabilities`` say what
+a script cannot do: sampling, grammars, real log-probabilities, prefix caching. It is not a
+product path: ``podium serve`` never builds one.
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ import re
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable
+from typing import (TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Container,
+                    Iterable, Sequence)
 
 from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
                                 EngineStats, FinishReason, ModelInfo, ReasoningBudget,
                                 TokenLogprob, Tokenizer)
 from podium.engine.budget import BudgetKeeper
+from podium.engine.draft import Drafts
 from podium.errors import InvalidRequestError, Overloaded
 
 Reply = str | list[int]
+
+DRAFT = 6               # draft tokens in one verify, at most, when a prediction is given
 
 
 class _Place:
@@ -160,9 +166,15 @@ class ScriptedEngine:
             eos_stops = not params.ignore_eos
             per_step, delay, stats, sleep = self.tokens_per_step, self.delay, self.stats, asyncio.sleep
             generated, at = stats.cell("generated_tokens")
-            # one token a step, no logprobs: the step that is neither the first nor the last
-            # is a bare EngineOutput (the benchmarks' path; the loop below does the same)
-            plain = per_step == 1 and k is None
+            drafted = None
+            if params.prediction:
+                ends = stops | {eos} if eos is not None and eos_stops else stops
+                drafted = verifies(script, request.prompt_token_ids, params.prediction, ends,
+                                   max_tokens)
+            # one token a step, no logprobs, no prediction: the step that is neither the
+            # first nor the last is a bare EngineOutput (the benchmarks' path; the loop
+            # below does the same)
+            plain = per_step == 1 and k is None and drafted is None
             while True:
                 await sleep(delay)
                 if place.halt:
@@ -181,6 +193,7 @@ class ScriptedEngine:
                         continue
                 step: list[int] = []
                 finish: FinishReason | None = None
+                begun = produced
                 for token in script[produced:produced + per_step]:
                     step.append(token)
                     produced += 1
@@ -195,8 +208,12 @@ class ScriptedEngine:
                 generated[at] += len(step)
                 logprobs = ([TokenLogprob(t, 0.0, [(t, 0.0)][:k]) for t in step]
                             if k is not None else None)
-                yield EngineOutput(step, logprobs, finish, prompt_lp,
+                out = EngineOutput(step, logprobs, finish, prompt_lp,
                                    stopped_by_token=finish == "stop" and bool(step))
+                if drafted is not None:     # the verifies that began in this step
+                    out.accepted_prediction = sum(drafted[0][begun:produced])
+                    out.rejected_prediction = sum(drafted[1][begun:produced])
+                yield out
                 prompt_lp = None
                 if finish:
                     return
@@ -290,6 +307,39 @@ class ScriptedEngine:
 if TYPE_CHECKING:
     def _is_an_engine(engine: ScriptedEngine) -> Engine:
         return engine                   # mypy: ScriptedEngine satisfies the boundary
+
+
+def verifies(script: list[int], prompt: list[int], prediction: Sequence[int],
+             stops: Container[int], max_tokens: int) -> tuple[list[int], list[int]]:
+    """The prediction's draft tokens accepted and rejected as an engine drafting from it
+    (``engine/draft.py``'s ``Drafts``) would verify them while writing ``script``, each
+    verify's figures at where in ``script`` its first token is (0 elsewhere).
+
+    Before each step a draft is proposed (at most ``DRAFT`` tokens, and room left for the
+    step's own token within ``max_tokens``); the script's next tokens are the draws: the
+    draft is accepted while it is what the script writes (up to a stop token, which ends the
+    output), then the step writes the draw after the accepted tokens. The tokens written are
+    the script's either way, as they are without a prediction."""
+    accepted, rejected = [0] * len(script), [0] * len(script)
+    drafts = Drafts(prompt, prediction, ngram=False)
+    at, end = 0, min(len(script), max_tokens)
+    while at < end:
+        draft = drafts.propose(min(DRAFT, end - at - 1))
+        n = 0
+        while n < len(draft) and draft[n] == script[at + n]:
+            n += 1
+            if script[at + n - 1] in stops:
+                break
+        ended = n > 0 and script[at + n - 1] in stops
+        written = script[at:at + n if ended else at + n + 1]
+        for token in written:
+            drafts.feed(token)
+        drafts.verified(len(draft), n)
+        accepted[at], rejected[at] = n, len(draft) - n
+        if ended or written[-1] in stops:
+            break
+        at += len(written)
+    return accepted, rejected
 
 
 def within_budget(script: list[int], budget: ReasoningBudget) -> list[int]:

@@ -66,12 +66,15 @@ class Finish:
 class Usage:
     """What the choice cost, counted from tokens: it follows the choice's ``Finish`` (or, for
     a choice cut short, comes from ``ChoiceStream.finish()``). ``reasoning_tokens`` are the
-    generated tokens spent thinking, for every family."""
+    generated tokens spent thinking, for every family; the prediction's are its tokens the
+    engine verified as drafts (Predicted Outputs), accepted into the output or rejected."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0          # prompt tokens the engine reused from its cache
     reasoning_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -210,6 +210,17 @@ class ResponseFormat(BaseModel):
     json_schema: dict[str, Any] | None = None
 
 
+class Prediction(BaseModel):
+    """Predicted Outputs: text the answer is expected to mostly be (a file before an edit),
+    as a string or text parts; ``content`` is the one type there is."""
+
+    model_config = LENIENT
+    type: Literal["content"]
+    # the parts first: a bad part's error (the first, which names the parameter) is then
+    # at that part, ``prediction.content[1].type``, not at the content for not being a string
+    content: list[TextPart] | str
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -226,3 +237,4 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     thinking_token_budget: ThinkingTokenBudget = None      # vLLM's extension
+    prediction: Prediction | None = None

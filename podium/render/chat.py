@@ -27,11 +27,15 @@ def reasoning_fields(field: str) -> tuple[str, ...]:
 
 
 def chat_usage(u: Usage) -> dict[str, Any]:
-    """The usage object of Chat Completions and Completions."""
+    """The usage object of Chat Completions and Completions; the prediction's figures
+    always, 0 without one, as OpenAI writes them."""
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
+            "completion_tokens_details": {
+                "reasoning_tokens": u.reasoning_tokens,
+                "accepted_prediction_tokens": u.accepted_prediction_tokens,
+                "rejected_prediction_tokens": u.rejected_prediction_tokens}}
 
 
 class UsageChunk:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import PlainTextResponse, Response
 
+from podium.engine.draft import SOURCES as DRAFT_SOURCES
 from podium.models import Entry, Models
 from podium.server.edge import (ERRORS, OPERATOR, json_response, json_response_status,
                                 models_of, require_operator)
@@ -23,20 +25,28 @@ from podium.server.served import Served
 from podium.server.watch import unless_gone
 from podium.store.batches import STATUSES as BATCH_STATUSES, BatchStore
 from podium.store.sql import SQLStore
-from podium.telemetry import Labelled
+from podium.telemetry import Labelled, ModelLabelled
 
 _STARTED = int(time.time())
 
 
 def gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, Any]:
-    """Per model (labelled), read at scrape time: its engine's load, its loads; batches by
-    status and their requests queued (on every replica: the database's)."""
+    """Per model (labelled), read at scrape time: its engine's load, its loads, its draft
+    tokens by source (where its engine drafts); batches by status and their requests
+    queued (on every replica: the database's)."""
     by: dict[str, dict[str, float]] = {name: {} for name in (
         "running_sequences", "queued_sequences", "kv_cache_usage_ratio", "model_loaded",
         "model_active_requests", "model_loads_total", "model_unloads_total",
         "model_load_seconds_total")}
+    drafted: dict[str, dict[str, float]] = {}
+    accepted: dict[str, dict[str, float]] = {}
+    rejected: dict[str, dict[str, float]] = {}
     for entry in models.entries():
         stats = entry.engine.engine.stats if entry.state == "loaded" else {}
+        for source, (made, kept) in _drafts(stats).items():
+            drafted.setdefault(entry.name, {})[source] = made
+            accepted.setdefault(entry.name, {})[source] = kept
+            rejected.setdefault(entry.name, {})[source] = made - kept
         for name, value in (
                 ("running_sequences", stats.get("running", 0)),
                 ("queued_sequences", stats.get("waiting", 0)),
@@ -48,9 +58,26 @@ def gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, An
                 ("model_load_seconds_total", entry.load_seconds)):
             by[name][entry.name] = value
     by_status, queued = batches.figures()
-    return {**by, "stored_responses": store.count(),
+    return {**by, "draft_tokens_drafted_total": ModelLabelled("source", drafted),
+            "draft_tokens_accepted_total": ModelLabelled("source", accepted),
+            "draft_tokens_rejected_total": ModelLabelled("source", rejected),
+            "stored_responses": store.count(),
             "batches": Labelled("status", {s: by_status.get(s, 0) for s in BATCH_STATUSES}),
             "batch_requests_queued": queued}
+
+
+def _drafts(stats: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """Speculative decoding's draft tokens since the load, (drafted, accepted) by source,
+    from an engine that counts them (the llama.cpp engine's; others: none)."""
+    return {source: (stats[f"drafted_{source}"], stats[f"accepted_{source}"])
+            for source in DRAFT_SOURCES if f"drafted_{source}" in stats}
+
+
+def _draft_acceptance(stats: Mapping[str, int]) -> float | None:
+    """The share of draft tokens accepted, every source together; None: none drafted."""
+    counts = _drafts(stats).values()
+    made = sum(made for made, _ in counts)
+    return round(sum(kept for _, kept in counts) / made, 3) if made else None
 
 
 def model_card(entry: Entry, asked: str | None = None) -> dict[str, Any]:
@@ -80,7 +107,9 @@ def _stats(entry: Entry) -> dict[str, Any]:
                            "loads": entry.loads, "unloads": entry.unloads,
                            "load_seconds": round(entry.load_seconds, 3)}
     if entry.state == "loaded":
-        out["engine"] = dict(entry.engine.engine.stats)
+        stats = entry.engine.engine.stats
+        out["engine"] = dict(stats)
+        out["draft_acceptance"] = _draft_acceptance(stats)
     if entry.error is not None:
         out["error"] = entry.error
     return out
@@ -129,8 +158,9 @@ def _health_routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health(request: Request):
         """Alive (the process answers), with the memory budget (bytes; null: none), each
-        model's state and counters (a server of one model: its engine's counters as
-        ``engine`` too)."""
+        model's state and counters, a loaded one's with ``draft_acceptance`` (the share of
+        draft tokens accepted; null: none drafted); a server of one model: its engine's
+        counters as ``engine`` too."""
         models = models_of(request)
         entries = models.entries()
         body: dict[str, Any] = {"status": "ok", "memory_budget": models.budget or None,

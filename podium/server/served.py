@@ -125,7 +125,8 @@ def make_engine(settings: Settings, name: str, kind: str = "chat",
                                 n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
                                 max_queued=settings.max_queued_requests,
                                 deterministic=settings.deterministic,
-                                grammar_ms_per_token=settings.grammar_ms_per_token)
+                                grammar_ms_per_token=settings.grammar_ms_per_token,
+                                speculative=settings.speculative)
     log.info("model %s: %s (context %d tokens)", name, path, engine.info.context_length)
     return engine
 

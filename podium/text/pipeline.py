@@ -100,11 +100,13 @@ class TextStream:
     """One choice of a text family, engine outputs in, semantic events out: the text pipeline,
     then (chat) the output parser. It implements ``podium.stream.ChoiceStream``: the usage
     follows ``Finish`` as an event, and reasoning is counted in tokens, the tokens that came
-    while the reasoning parser was inside the reasoning section (its tags included).
+    while the reasoning parser was inside the reasoning section (its tags included). The
+    prediction's figures are the sums of the outputs'; an output carrying any takes the full
+    step, so the common one-token step only checks for them.
     """
 
     __slots__ = ("_text", "_parser", "_reasoning", "_prompt_tokens", "_reasoning_tokens",
-                 "_undecided", "_usage_sent", "finished")
+                 "_undecided", "_accepted", "_rejected", "_usage_sent", "finished")
 
     def __init__(self, text: TextPipeline, parser: OutputParser | None = None,
                  prompt_tokens: int = 0):
@@ -114,6 +116,7 @@ class TextStream:
         self._prompt_tokens = prompt_tokens
         self._reasoning_tokens = 0
         self._undecided = 0         # tokens before the parser knew whether reasoning began
+        self._accepted = self._rejected = 0     # the prediction's draft tokens
         self._usage_sent = False
         self.finished = False
 
@@ -122,7 +125,8 @@ class TextStream:
         ids = out.token_ids
         before = reasoning.state if reasoning is not None else "content"
         if (text.plain and len(ids) == 1 and out.finish_reason is None
-                and out.prompt_logprobs is None and not out.cached_tokens):
+                and out.prompt_logprobs is None and not out.cached_tokens
+                and not (out.accepted_prediction or out.rejected_prediction)):
             # The common step, one token mid-output: its text alone, straight to the parser
             # (see ``TextPipeline.token``).
             delta = text.token(ids[0])
@@ -134,6 +138,8 @@ class TextStream:
                 events = [TextDelta(delta)]
         else:
             events = text.feed(out)
+            self._accepted += out.accepted_prediction
+            self._rejected += out.rejected_prediction
             if out.prompt_logprobs is not None:
                 events.insert(0, PromptLogprobs(out.prompt_logprobs))
             if parser is not None:
@@ -163,4 +169,4 @@ class TextStream:
         self._usage_sent = True
         text = self._text
         return [Usage(self._prompt_tokens, text.completion_tokens, text.cached_tokens,
-                      self._reasoning_tokens)]
+                      self._reasoning_tokens, self._accepted, self._rejected)]

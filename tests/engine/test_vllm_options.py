@@ -3,12 +3,15 @@ starts (these tests never start it)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import json
 import subprocess
 import sys
 
 import pytest
 
+from podium.catalog import catalog
 from podium.engine.vllm import options
 from podium.settings import Settings
 
@@ -41,6 +44,46 @@ def test_engine_args_are_read_as_json_when_they_are():
     env = Settings.from_sources(["--engine", "vllm"],
                                 {"PODIUM_ENGINE_ARG": "seed=1, block_size=16"})
     assert options.check(env)["engine_args"] == {"seed": 1, "block_size": 16}
+
+
+# vLLM's own n-gram speculation (--speculative is the llama.cpp engine's; vLLM ignores it)
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
+
+def test_a_speculative_config_is_an_engine_arg_read_as_json(tmp_path):
+    arg = f"speculative_config={json.dumps(SPECULATIVE)}"
+    s = settings("--engine-arg", arg, "--speculative", "off")
+    assert options.check(s)["engine_args"] == {"speculative_config": SPECULATIVE}
+    config = tmp_path / "podium.toml"               # a model's own, in its [[models]] table
+    config.write_text(f'[[models]]\nname = "q"\nmodel = "Qwen/Qwen2.5-0.5B-Instruct"\n'
+                      f'engine = "vllm"\nengine-arg = [{json.dumps(arg)}]\n')
+    [model] = catalog(Settings.from_sources(["--config", str(config)], {}))
+    assert options.check(model.source)["engine_args"] == {"speculative_config": SPECULATIVE}
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+def test_a_speculative_config_reaches_vllms_engine_args(model_path, monkeypatch):
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from podium.engine.vllm.engine import VllmEngine
+
+    class Started(Exception):
+        """Where vLLM would start: its engine arguments are seen, nothing runs."""
+
+    seen = {}
+
+    def from_engine_args(engine_args, **_):
+        seen["args"] = engine_args
+        raise Started
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", from_engine_args)
+    opts = options.check(settings("--engine-arg", f"speculative_config={json.dumps(SPECULATIVE)}"))
+    loop = asyncio.new_event_loop()             # the engine's, closed here: nothing is left
+    try:
+        with pytest.raises(Started):
+            VllmEngine.from_gguf(model_path, loop=loop, **opts)
+    finally:
+        loop.close()
+    assert seen["args"].speculative_config == SPECULATIVE
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -101,7 +101,7 @@ def test_prompt_longer_than_the_context(scripted, client_for):
 
 def test_unknown_fields_are_accepted_and_ignored(client):
     r = client.post(CHAT, json=chat(frobnicate=True, metadata={"a": "b"}, store=True,
-                                    service_tier="auto", prediction={"type": "content"}))
+                                    service_tier="auto", modalities=["text"]))
     assert r.status_code == 200
 
 
