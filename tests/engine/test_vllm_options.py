@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -63,7 +64,9 @@ def test_a_speculative_config_is_an_engine_arg_read_as_json(tmp_path):
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
 def test_a_speculative_config_reaches_vllms_engine_args(model_path, monkeypatch):
-    from vllm.v1.engine.async_llm import AsyncLLM
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # vLLM's and torch's import-time noise
+        from vllm.v1.engine.async_llm import AsyncLLM
 
     from podium.engine.vllm.engine import VllmEngine
 
