@@ -37,8 +37,11 @@ START_LENGTH = 4        # a new sequence's first drafts
 ALIGN = 4               # output tokens matched to find the prediction again after an edit
 MISSES = 3              # drafts rejected whole in a row before a pause
 MAX_PAUSE = 64          # steps, at most, a failing sequence pauses drafting
-ROW_PRIOR = 0.5         # a decode's extra row, as a share of a one-row decode, until measured
-#                         (2-core AVX2, default model: 0.4 to 0.5, bench/verify_numerics.py)
+ROW_PRIOR = 0.35        # a decode's extra row, as a share of a one-row decode, until measured
+#                         (2 cores, default model, --no-deterministic: 2 rows 1.75x, then
+#                         about 0.35 a row up to 16, bench/verify_numerics.py)
+PROBE_EVERY = 16        # a draft that nearly pays is tried anyway once in this many, so the
+#                         costs of its row counts are measured, not only estimated
 
 
 class Prediction:
@@ -49,7 +52,9 @@ class Prediction:
 
     def __init__(self, tokens: Sequence[int]):
         self.tokens = tuple(tokens)
-        self.ahead: int | None = 0
+        # found at the output's first token, not assumed at the prediction's: an answer
+        # opening with a code fence the file lacks would reject the first draft
+        self.ahead: int | None = None
         self._reached = 0                   # where the output last left the prediction
         self._tail: list[int] = []          # the output's last ALIGN tokens
         # every run of 1..ALIGN tokens -> where it ends in the prediction, ascending: made
@@ -70,17 +75,18 @@ class Prediction:
 
     def _realign(self, at: int) -> int | None:
         """Where the prediction goes on after the output's last tokens, the longest run of
-        them found (at least two tokens, or the one token when the output is that short),
-        preferring the first place at or past where the output left the prediction."""
+        them found (at least two tokens, or the output's first token at the prediction's
+        start), preferring the first place at or past where the output left the
+        prediction."""
         tail, index = self._tail, self._index
         if index is None:
             index = self._index = {}
             for n in range(1, ALIGN + 1):
                 for end in range(n, len(self.tokens) + 1):
                     index.setdefault(self.tokens[end - n:end], []).append(end)
-        for n in range(len(tail), 0, -1):
-            if n < 2 and len(tail) >= 2:
-                return None
+        if len(tail) == 1:
+            return 1 if self.tokens[:1] == (tail[0],) else None
+        for n in range(len(tail), 1, -1):
             ends = index.get(tuple(tail[-n:]))
             if not ends:
                 continue
@@ -224,10 +230,11 @@ class StepCosts:
     count; a count not measured yet is estimated from the nearest fewer rows measured, at
     ``ROW_PRIOR`` of a one-row step per extra row)."""
 
-    __slots__ = ("_seconds",)
+    __slots__ = ("_seconds", "_near")
 
     def __init__(self, max_rows: int):
         self._seconds = [0.0] * (max_rows + 1)
+        self._near = 0                  # drafts that nearly paid, not made
 
     def note(self, rows: int, seconds: float) -> None:
         s = self._seconds
@@ -240,19 +247,29 @@ class StepCosts:
         if s[rows]:
             return s[rows]
         below = next((n for n in range(rows - 1, 0, -1) if s[n]), 0)
-        if not below:
+        above = next((n for n in range(rows + 1, len(s)) if s[n]), 0)
+        if below and above:             # between two measured counts: on the line
+            return s[below] + (s[above] - s[below]) * (rows - below) / (above - below)
+        if not below and not above:
             return 1.0 + ROW_PRIOR * (rows - 1)     # nothing measured: in one-row steps
-        one = s[1] or s[below] / (1.0 + ROW_PRIOR * (below - 1))
-        return s[below] + one * ROW_PRIOR * (rows - below)
+        known = below or above
+        one = s[1] or s[known] / (1.0 + ROW_PRIOR * (known - 1))
+        return s[known] + one * ROW_PRIOR * (rows - known)
 
     def best_length(self, rows: int, room: int, rate: float) -> int:
         """The draft length (0 to ``room``) for one sequence of a step that decodes ``rows``
         rows without it that writes the most tokens per second across the step: its
         expected tokens against what the extra rows cost every sequence in it."""
         base = rows / self.cost(rows)
-        best, length = base, 0
+        best, length, near, reach = base, 0, 0.0, 0
         for k in range(1, room + 1):
             value = (rows - 1 + expected_tokens(rate, k)) / self.cost(rows + k)
             if value > best:
                 best, length = value, k
+            elif value > near:
+                near, reach = value, k
+        if not length and near >= 0.85 * base:      # nearly pays: measure it now and then
+            self._near += 1
+            if self._near % PROBE_EVERY == 0:
+                return reach
         return length

@@ -14,9 +14,21 @@ def follow(prediction, output):
 
 
 def test_a_prediction_followed_token_for_token_drafts_what_comes_next():
+    assert follow([1, 2, 3, 4, 5, 6], []).draft(3) == []      # not before the output starts
     p = follow([1, 2, 3, 4, 5, 6], [1, 2])
     assert p.draft(3) == [3, 4, 5]
     assert p.draft(10) == [3, 4, 5, 6]
+
+
+def test_an_answer_opening_with_a_fence_finds_the_prediction_after_two_tokens():
+    fence, lang = 90, 91
+    p = follow([1, 2, 3, 4, 5, 6], [fence])
+    assert p.draft(3) == []
+    for token in (lang, 1):
+        p.feed(token)
+        assert p.draft(3) == []
+    p.feed(2)
+    assert p.draft(3) == [3, 4, 5]
 
 
 def test_after_an_edit_the_prediction_is_found_again_from_the_last_two_tokens():
@@ -55,8 +67,9 @@ def test_ngrams_fall_back_to_the_last_bigram_and_take_the_latest_match():
 
 
 def test_drafts_prefer_the_prediction_and_fall_back_to_ngrams():
-    d = Drafts([1, 2, 3, 4, 1, 2], prediction=[7, 8, 9])
-    assert d.ready() == PREDICTION and d.propose(2) == [7, 8] and d.source == PREDICTION
+    d = Drafts([1, 2, 3, 4, 1, 2], prediction=[7, 8, 9, 10])
+    d.feed(7)
+    assert d.ready() == PREDICTION and d.propose(2) == [8, 9] and d.source == PREDICTION
     d.feed(5)                           # away from the prediction, and 2 5 unseen
     d.feed(5)
     assert d.ready() == "" and d.propose(2) == []
@@ -97,7 +110,8 @@ def test_a_failing_sequence_pauses_drafting_longer_each_time():
 
 
 def test_the_acceptance_rate_follows_recent_outcomes():
-    d = Drafts([1, 2, 3, 1, 2], prediction=[3, 1, 2])
+    d = Drafts([1, 2, 3, 1, 2], prediction=[3, 1, 2, 4])
+    d.feed(3)
     start = d.rate(PREDICTION)
     d.propose(3)
     d.verified(3, 3)
@@ -119,6 +133,7 @@ def test_step_costs_say_drafting_pays_only_with_enough_acceptance():
     for rows, ms in ((1, 25.0), (2, 45.0), (4, 68.0), (8, 110.0), (16, 180.0)):
         costs.note(rows, ms / 1000)
     assert costs.best_length(1, 15, 0.3) == 0           # mostly wrong drafts: none
+    assert costs.cost(12) == 145.0 / 1000                # between 8 and 16: on the line
     assert costs.best_length(1, 15, 0.99) >= 7          # a good prediction: long drafts
     # four sequences already share the step: a draft must carry more to pay
     assert costs.best_length(4, 12, 0.8) < costs.best_length(1, 12, 0.8)
@@ -148,3 +163,12 @@ def test_a_draft_is_always_a_run_of_the_prediction_or_the_context(prompt, predic
             assert any(pool[i:i + len(draft)] == draft for i in range(len(pool)))
         d.feed(token)
         context.append(token)
+
+
+def test_a_draft_that_nearly_pays_is_tried_now_and_then():
+    costs = StepCosts(32)
+    for rows, ms in ((1, 25.0), (2, 45.0)):
+        costs.note(rows, ms / 1000)
+    lengths = [costs.best_length(1, 1, 0.7) for _ in range(64)]   # 1.7 tokens for 1.8 steps
+    assert 1 <= lengths.count(1) <= 64 // 8 and set(lengths) <= {0, 1}
+    assert all(costs.best_length(1, 1, 0.1) == 0 for _ in range(64))    # far from paying

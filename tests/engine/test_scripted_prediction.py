@@ -49,38 +49,39 @@ def test_a_prediction_never_changes_the_outputs(scripted, step, max_tokens, pred
 
 
 def test_an_exact_prediction_is_accepted_in_drafts_that_grow(scripted):
-    # drafts of 4, then 6 (the most a verify takes here) while they are accepted whole; the
-    # last stops where the prediction does (the end of turn is the step's own token)
+    # the first token finds the prediction; then drafts of 4, then 6 (the most a verify
+    # takes here) while they are accepted whole, to where the prediction ends
     outputs = run(scripted([REPLY]), REPLY)
-    assert figures(outputs) == [(0, 4, 0), (5, 6, 0), (12, 6, 0), (19, 1, 0)]
+    assert figures(outputs) == [(1, 4, 0), (6, 6, 0), (13, 6, 0)]
     assert len(outputs) == len(REPLY) + 1
 
 
 def test_an_edit_rejects_the_rest_of_its_draft_and_drafting_resumes_after_it(scripted):
-    # the draft at 5 meets the edit at 10: 5 accepted, 1 rejected, 150 written; the
+    # the draft at 6 meets the edit at 10: 4 accepted, 2 rejected, 150 written; the
     # prediction is found again two tokens on (111, 112), and drafted from there
     outputs = run(scripted([EDITED]), REPLY)
-    assert figures(outputs) == [(0, 4, 0), (5, 5, 1), (13, 6, 0)]
+    assert figures(outputs) == [(1, 4, 0), (6, 4, 2), (13, 5, 0), (19, 1, 0)]
 
 
-def test_an_unrelated_prediction_is_rejected_and_not_drafted_again(scripted):
-    assert figures(run(scripted([REPLY]), UNRELATED)) == [(0, 0, 3)]
+def test_an_unrelated_prediction_is_never_drafted(scripted):
+    # the output never meets it: no draft is made, none rejected
+    assert figures(run(scripted([REPLY]), UNRELATED)) == []
 
 
 def test_drafts_leave_room_for_the_steps_own_token_within_max_tokens(scripted):
     outputs = run(scripted([REPLY]), REPLY, max_tokens=7)
-    assert figures(outputs) == [(0, 4, 0), (5, 1, 0)]
+    assert figures(outputs) == [(1, 4, 0)]         # then no room: token 6 is the last
     assert [t for o in outputs for t in o.token_ids] == REPLY[:7]
     assert outputs[-1].finish_reason == "length"
 
 
 def test_a_stop_token_ends_the_accepted_run_and_the_rest_of_the_draft_is_rejected(scripted):
-    outputs = run(scripted([REPLY]), REPLY, stop_token_ids=frozenset({105}))
-    assert figures(outputs) == [(0, 4, 0), (5, 1, 5)]
-    assert outputs[-1].token_ids == [105] and outputs[-1].finish_reason == "stop"
+    outputs = run(scripted([REPLY]), REPLY, stop_token_ids=frozenset({103}))
+    assert figures(outputs) == [(1, 3, 1)]          # 101 102 103 of 101-104
+    assert outputs[-1].token_ids == [103] and outputs[-1].finish_reason == "stop"
 
 
 def test_several_tokens_a_step_carry_the_verifies_that_began_in_them(scripted):
     outputs = run(scripted([REPLY], tokens_per_step=3), REPLY)
-    # verifies begin at tokens 0, 5, 12 and 19: in the steps of tokens 0-2, 3-5, 12-14, 18-20
-    assert figures(outputs) == [(0, 4, 0), (1, 6, 0), (4, 6, 0), (6, 1, 0)]
+    # verifies begin at tokens 1, 6 and 13: in the steps of tokens 0-2, 6-8, 12-14
+    assert figures(outputs) == [(0, 4, 0), (2, 6, 0), (4, 6, 0)]
