@@ -247,6 +247,17 @@ class Settings:
         "one token a step on llama.cpp's CPU kernels). vLLM ignores it: give it "
         "vLLM's own as an engine argument, e.g. speculative_config={\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}.", choices=SPECULATIVE)
+    prompt_cache_dir: str | None = _opt(
+        None, "llama.cpp engine: where prompt prefixes' KV state is kept on disk, so a long "
+        "prompt seen before (an agent's system prompt and tools) is restored instead of "
+        "prefilled after its model was unloaded or the server restarted (default: "
+        "prompt-cache in the data directory).")
+    prompt_cache_disk: str = _opt(
+        "8G", "Disk the prompt cache may fill (bytes, or a K, M, G or T size); the least "
+        "recently used entries go first; 0: no prompt cache.", metavar="SIZE")
+    prompt_cache_min_tokens: int = _opt(
+        1024, "Shortest prompt prefix the prompt cache keeps (tokens): shorter ones prefill "
+        "in about a second.")
     batch_size: int = _opt(128, "Tokens per prompt-processing chunk; prefix reuse keeps whole "
                            "chunks, and a long prompt holds running streams one chunk at a time.")
     engine: str = _opt(
@@ -308,6 +319,10 @@ class Settings:
         if self.keep_alive < 0 or not self.load_timeout > 0:
             raise ValueError("--keep-alive must be 0 or more and --load-timeout more than 0")
         self.budget_bytes()         # a malformed size fails here
+        self.prompt_cache_bytes()
+        if self.prompt_cache_min_tokens < 1:
+            raise ValueError(f"--prompt-cache-min-tokens must be at least 1, not "
+                             f"{self.prompt_cache_min_tokens}")
         self.effort_budgets()       # and a malformed table
         if not self.response_lease_seconds > 0:
             raise ValueError(f"--response-lease-seconds must be more than 0, not "
@@ -330,17 +345,18 @@ class Settings:
                 if not 0 <= share <= 100:
                     raise ValueError
                 return int((memory if memory is not None else machine_memory()) * share / 100)
-            number = raw.upper().removesuffix("B").removesuffix("I")   # 12G, 12GB, 12GiB
-            unit = number[-1:]
-            scale = 1024 ** ("KMGT".index(unit) + 1) if unit and unit in "KMGT" else 1
-            number = number[:-1] if scale > 1 else number
-            value = float(number) * scale
-            if value < 0:
-                raise ValueError
-            return int(value)
+            return _size(raw)
         except ValueError:
             raise ValueError(f"--memory-budget {raw!r}: give bytes, a size such as 12G or "
                              f"800M, or a percentage such as 75%") from None
+
+    def prompt_cache_bytes(self) -> int:
+        """``--prompt-cache-disk`` in bytes (0: no prompt cache)."""
+        try:
+            return _size(self.prompt_cache_disk.strip())
+        except ValueError:
+            raise ValueError(f"--prompt-cache-disk {self.prompt_cache_disk!r}: give bytes or "
+                             f"a size such as 8G or 500M") from None
 
     def effort_budgets(self) -> Mapping[str, int]:
         """``--reasoning-budgets``: the reasoning tokens of each effort."""
@@ -470,3 +486,16 @@ def _from_env(f: dataclasses.Field, raw: str) -> Any:
     if f.type in ("bool", bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     return _KINDS.get(f.type, str)(raw)
+
+
+def _size(raw: str) -> int:
+    """Bytes from ``12G``, ``12GB``, ``12GiB``, ``800M`` or a plain number (powers of 1024);
+    ValueError for anything else or a negative size."""
+    number = raw.upper().removesuffix("B").removesuffix("I")
+    unit = number[-1:]
+    scale = 1024 ** ("KMGT".index(unit) + 1) if unit and unit in "KMGT" else 1
+    number = number[:-1] if scale > 1 else number
+    value = float(number) * scale
+    if value < 0:
+        raise ValueError(raw)
+    return int(value)

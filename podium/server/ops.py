@@ -37,7 +37,7 @@ def gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, An
     by: dict[str, dict[str, float]] = {name: {} for name in (
         "running_sequences", "queued_sequences", "kv_cache_usage_ratio", "model_loaded",
         "model_active_requests", "model_loads_total", "model_unloads_total",
-        "model_load_seconds_total")}
+        "model_load_seconds_total", *(f"prompt_cache_{name}" for name in PROMPT_CACHE))}
     drafted: dict[str, dict[str, float]] = {}
     accepted: dict[str, dict[str, float]] = {}
     rejected: dict[str, dict[str, float]] = {}
@@ -57,6 +57,9 @@ def gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, An
                 ("model_unloads_total", entry.unloads),
                 ("model_load_seconds_total", entry.load_seconds)):
             by[name][entry.name] = value
+        cache = _prompt_cache(entry)
+        for name, stat in PROMPT_CACHE.items():
+            by[f"prompt_cache_{name}"][entry.name] = cache.get(stat, 0)
     by_status, queued = batches.figures()
     return {**by, "draft_tokens_drafted_total": ModelLabelled("source", drafted),
             "draft_tokens_accepted_total": ModelLabelled("source", accepted),
@@ -64,6 +67,23 @@ def gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, An
             "stored_responses": store.count(),
             "batches": Labelled("status", {s: by_status.get(s, 0) for s in BATCH_STATUSES}),
             "batch_requests_queued": queued}
+
+
+# the prompt cache's figures /metrics reads, by the names it gives them
+PROMPT_CACHE = {"bytes": "bytes", "entries": "entries", "hits_total": "hits",
+                "misses_total": "misses", "restored_tokens_total": "restored_tokens"}
+
+
+def _prompt_cache(entry: Entry) -> dict[str, int]:
+    """A loaded llama.cpp model's prompt cache figures (disk bytes and entries, hits and
+    misses, tokens restored instead of prefilled); {} for others."""
+    if entry.state != "loaded":
+        return {}
+    engine = entry.engine.engine
+    cache = getattr(engine, "prompt_cache", None)
+    if cache is None:
+        return {}
+    return {**cache.stats, "restored_tokens": engine.stats["restored_tokens"]}
 
 
 def _drafts(stats: Mapping[str, int]) -> dict[str, tuple[int, int]]:
@@ -110,6 +130,9 @@ def _stats(entry: Entry) -> dict[str, Any]:
         stats = entry.engine.engine.stats
         out["engine"] = dict(stats)
         out["draft_acceptance"] = _draft_acceptance(stats)
+        cache = _prompt_cache(entry)
+        if cache:
+            out["prompt_cache"] = cache
     if entry.error is not None:
         out["error"] = entry.error
     return out
@@ -159,8 +182,9 @@ def _health_routes(app: FastAPI) -> None:
     async def health(request: Request):
         """Alive (the process answers), with the memory budget (bytes; null: none), each
         model's state and counters, a loaded one's with ``draft_acceptance`` (the share of
-        draft tokens accepted; null: none drafted); a server of one model: its engine's
-        counters as ``engine`` too."""
+        draft tokens accepted; null: none drafted) and, with a prompt cache, its figures
+        (``prompt_cache``: entries and bytes on disk, hits, misses, tokens restored); a
+        server of one model: its engine's counters as ``engine`` too."""
         models = models_of(request)
         entries = models.entries()
         body: dict[str, Any] = {"status": "ok", "memory_budget": models.budget or None,

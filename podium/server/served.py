@@ -29,6 +29,7 @@ from podium.settings import Settings
 
 if TYPE_CHECKING:
     from podium.api.conversations import ConversationsService
+    from podium.engine.llamacpp.prompt_cache import PromptCache
     from podium.api.sealing import Sealer
     from podium.store.base import ResponseStore
 
@@ -120,7 +121,7 @@ def make_engine(settings: Settings, name: str, kind: str = "chat",
         from podium.engine.llamacpp.model_files import resolve_model
 
         path = resolve_model(settings.spec, settings.model_file)
-        engine = LlamaCppEngine(path, served_name=name,
+        engine = LlamaCppEngine(path, served_name=name, prompt_cache=prompt_cache(settings, path),
                                 n_ctx=settings.ctx_size, n_batch=settings.batch_size,
                                 n_threads=settings.threads, max_num_seqs=settings.max_num_seqs,
                                 max_queued=settings.max_queued_requests,
@@ -129,6 +130,25 @@ def make_engine(settings: Settings, name: str, kind: str = "chat",
                                 speculative=settings.speculative)
     log.info("model %s: %s (context %d tokens)", name, path, engine.info.context_length)
     return engine
+
+
+def prompt_cache(settings: Settings, path: Path) -> PromptCache | None:
+    """The llama.cpp model's prompt cache on disk (``--prompt-cache-disk``; None: off),
+    under ``--prompt-cache-dir``, its entries keyed to this model and these settings."""
+    limit = settings.prompt_cache_bytes()
+    if not limit:
+        return None
+    from podium.engine.llamacpp.engine import kv_fingerprint
+    from podium.engine.llamacpp.prompt_cache import PromptCache
+    from podium.store.sql import data_dir
+
+    directory = Path(settings.prompt_cache_dir) if settings.prompt_cache_dir else \
+        data_dir() / "prompt-cache"
+    return PromptCache(directory, kv_fingerprint(path, n_ctx=settings.ctx_size,
+                                                 n_batch=settings.batch_size,
+                                                 deterministic=settings.deterministic),
+                       max_bytes=limit, min_tokens=settings.prompt_cache_min_tokens,
+                       block=settings.batch_size)
 
 
 def estimate(config: ModelConfig) -> int:

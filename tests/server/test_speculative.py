@@ -57,9 +57,9 @@ def test_the_llamacpp_engine_is_made_with_the_models_setting(monkeypatch, tmp_pa
         return SimpleNamespace(info=SimpleNamespace(context_length=4096))
     monkeypatch.setattr(llamacpp, "LlamaCppEngine", engine)
     monkeypatch.setattr(model_files, "resolve_model", lambda spec, file: tmp_path / "m.gguf")
-    make_engine(Settings(speculative="off"), "m")
+    make_engine(Settings(speculative="off", prompt_cache_disk="0"), "m")
     assert made["speculative"] == "off"
-    make_engine(Settings(), "m")
+    make_engine(Settings(prompt_cache_disk="0"), "m")
     assert made["speculative"] == "ngram"
 
 

@@ -55,14 +55,16 @@ answer in a late token (3 of 6 requests did in tests/engine/test_batching.py's m
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
@@ -78,6 +80,7 @@ from podium.errors import InvalidRequestError, Overloaded
 log = logging.getLogger(__name__)
 
 INVARIANT_ROWS = 7      # rows per decode that keep every row's numbers as if alone
+RESTORE_LOG_TOKENS = 1024   # a prompt cache restore this long gets a log line
 
 
 @dataclass(eq=False)
@@ -95,6 +98,9 @@ class _Parked:
 class _Job(Job):
     order: int = 0                      # arrival (the worker's count): FIFO in a priority
     parked: _Parked | None = None
+    # its prompt's longest prefix in the prompt cache, being read off the decode thread:
+    # (tokens, state) or None once read
+    restoring: Future[tuple[int, bytes] | None] | None = None
 
 
 def _rank(job: _Job) -> tuple[int, int]:
@@ -146,7 +152,7 @@ class LlamaCppEngine:
     def __init__(self, path: Path, *, served_name: str, n_ctx: int = 8192, n_batch: int = 128,
                  n_threads: int = 0, max_num_seqs: int = 4, max_queued: int = 256,
                  deterministic: bool = True, grammar_ms_per_token: float = 10.0,
-                 speculative: str = "ngram"):
+                 speculative: str = "ngram", prompt_cache: Any = None):
         self._slots = [_Slot(i) for i in range(max(1, max_num_seqs))]
         self._model = LlamaModel(path, n_ctx=n_ctx, n_batch=n_batch,
                                  n_threads=n_threads or os.cpu_count() or 1,
@@ -163,6 +169,10 @@ class LlamaCppEngine:
         self._costs = StepCosts(min(self._rows, n_batch))
         self._max_queued = max_queued
         self._grammar_ms = grammar_ms_per_token
+        # the prompt cache's disk tier (prompt_cache.PromptCache, made for this model by its
+        # caller), and the thread that reads its entries (never the decode thread)
+        self._cache = prompt_cache
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="podium-prompt-cache")
         # drafts only where they cannot change an answer --deterministic promises: llama.cpp's
         # CPU kernels give a verify batch's rows other numbers than one row a step (up to
         # 0.47 of a logit on a 2-core AVX2 machine, bench/verify_numerics.py)
@@ -183,12 +193,19 @@ class LlamaCppEngine:
         self._clock = 0
         self._closing = False
         self.stats = EngineStats(*ENGINE_STATS, "interrupted",     # decodes undone
+                                 "restored_tokens",     # from the prompt cache
                                  *(f"{what}_{source}" for source in (PREDICTION, NGRAM)
                                    for what in ("drafted", "accepted")))
         self.stats["kv_capacity"] = self._n_ctx * len(self._slots)
         self._stats_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="podium-llamacpp", daemon=True)
         self._worker.start()
+
+    @property
+    def prompt_cache(self) -> Any:
+        """The model's prompt cache (``prompt_cache.PromptCache``; None: off): its ``stats``
+        are /health's and /metrics' figures."""
+        return self._cache
 
     # -- the boundary -------------------------------------------------------------------
 
@@ -246,13 +263,20 @@ class LlamaCppEngine:
         self._closing = True
         self._jobs.put(None)
         await shut_down(self._worker, self._batch, self._model)
+        self._reader.shutdown(wait=False, cancel_futures=True)
+        if self._cache is not None:         # its writes (the slots' last states) finish
+            await asyncio.to_thread(self._cache.close)
 
     # -- the worker thread ------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._closing:
             busy = any(s.job is not None for s in self._slots)
-            if not self._take_jobs(block=not busy and not self._waiting):
+            reading = bool(self._waiting) and all(j.restoring is not None
+                                                  and not j.restoring.done()
+                                                  for j in self._waiting)
+            if not self._take_jobs(block=not busy and not self._waiting,
+                                   wait=0.005 if reading and not busy else 0.0):
                 break
             self._drop_aborted()        # first: a retry admitted now finds their caches free
             self._admit()
@@ -271,18 +295,22 @@ class LlamaCppEngine:
         for job in self._waiting:
             self._unpark(job)
             job.emit(EngineOutput([], finish_reason="abort"))
+        if self._cache is not None:         # what the slots hold outlives the model
+            for slot in self._slots:
+                self._keep_prefix(slot)
 
     def _count_waiting(self, delta: int) -> None:
         with self._stats_lock:          # changed from the event loop and the worker thread
             self.stats["waiting"] += delta
 
-    def _take_jobs(self, block: bool) -> bool:
-        """Move queued jobs to the waiting list, in rank order; False when the engine is
-        closing."""
+    def _take_jobs(self, block: bool, wait: float = 0.0) -> bool:
+        """Move queued jobs to the waiting list, in rank order (waiting for one, or up to
+        ``wait`` seconds for one); False when the engine is closing."""
         count = len(self._waiting)
         self._arrived = None            # before the queue is read: a later arrival sets it
         try:
-            item = self._jobs.get() if block else self._jobs.get_nowait()
+            item = (self._jobs.get() if block else self._jobs.get(timeout=wait) if wait
+                    else self._jobs.get_nowait())
             while True:
                 if item is None:
                     return False
@@ -311,6 +339,9 @@ class LlamaCppEngine:
                                      or self._preempt(job, parked))
             if not free:        # the jobs after this one rank no higher: no slot for them
                 stuck = True
+                still.append(job)
+                continue
+            if self._reading(job, free):        # its cached prefix comes first
                 still.append(job)
                 continue
             try:
@@ -357,7 +388,12 @@ class LlamaCppEngine:
         step = self._n_batch if not scoring else min(self._n_batch, 64)
         reuse = [(0 if scoring else _aligned_prefix(s.cached, prompt, step), s) for s in free]
         keep, slot = max(reuse, key=lambda pair: (pair[0], -pair[1].last_used))
-        if not llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, keep, -1):
+        restored = job.restoring.result() if job.restoring is not None else None
+        job.restoring = None
+        if restored is not None and restored[0] // step * step > keep:
+            slot = min(free, key=lambda s: s.last_used)     # the least recently used
+            keep = self._restore(slot, prompt, restored, step)
+        elif not llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, keep, -1):
             llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
             keep = 0
         slot.cached = slot.cached[:keep]
@@ -387,6 +423,61 @@ class LlamaCppEngine:
         if req.sampling.max_tokens <= 0 and not scoring and parked is None:
             self._release(slot)
             job.emit(EngineOutput([], None, "length", cached_tokens=keep))
+
+    def _reading(self, job: _Job, free: list[_Slot]) -> bool:
+        """Whether ``job`` waits for its prompt's cached prefix to be read: one the prompt
+        cache holds at least a chunk longer than any free slot's is read on the cache's
+        thread (``PromptCache.load``) while the other jobs go on; the job is started once
+        it is in (or failed: then it is prefilled)."""
+        if job.restoring is not None:
+            return not job.restoring.done()
+        cache, req = self._cache, job.request
+        if cache is None or job.parked is not None or req.prompt_logprobs is not None:
+            return False
+        prompt = req.prompt_token_ids
+        have = cache.longest(prompt)
+        if have < max(_aligned_prefix(s.cached, prompt, self._n_batch) for s in free) + \
+                self._n_batch:
+            return False
+        job.restoring = self._reader.submit(cache.load, prompt)
+        return True
+
+    def _restore(self, slot: _Slot, prompt: list[int], entry: tuple[int, bytes],
+                 step: int) -> int:
+        """Put a prompt cache entry's state into ``slot``'s sequence (a copy: about 2 ms per
+        1,000 tokens); its whole chunks of ``prompt`` stay. How many tokens it holds now (0
+        when llama.cpp refused the state: the prompt is prefilled)."""
+        held, data = entry
+        seq = slot.seq
+        llama_cpp.llama_memory_seq_rm(self._mem, seq, 0, -1)
+        slot.cached = []
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if llama_cpp.llama_state_seq_set_data(self._model.ctx, buf, len(data), seq) != len(data):
+            log.warning("prompt cache: llama.cpp refused a cached state of %d tokens; "
+                        "prefilling instead", held)
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, 0, -1)
+            return 0
+        keep = held // step * step
+        llama_cpp.llama_memory_seq_rm(self._mem, seq, keep, -1)
+        slot.cached = list(prompt[:keep])
+        self.stats["restored_tokens"] += keep
+        if keep >= RESTORE_LOG_TOKENS:
+            log.info("prompt cache: restored %d tokens into sequence %d", keep, seq)
+        return keep
+
+    def _keep_prefix(self, slot: _Slot) -> None:
+        """Hand the prompt cache ``slot``'s cached tokens and their KV state, unless it
+        already holds them (the copy is the only work here: the cache writes it behind)."""
+        cache, tokens = self._cache, slot.cached
+        if cache is None or len(tokens) < cache.min_tokens \
+                or cache.longest(tokens + [-1]) >= len(tokens) // cache.block * cache.block:
+            return
+        size = llama_cpp.llama_state_seq_get_size(self._model.ctx, slot.seq)
+        buf = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(self._model.ctx, buf, size, slot.seq) != size:
+            log.warning("prompt cache: llama.cpp gave no state for %d tokens", len(tokens))
+            return
+        cache.save(list(tokens), bytes(buf))
 
     def _drop_aborted(self) -> None:
         """Free the slots of aborted jobs; what they prefilled stays cached for reuse (an
@@ -432,6 +523,8 @@ class LlamaCppEngine:
             scores += [token_logprob(logits_row(self._model.ctx, i, self._n_vocab),
                                      prompt[start + i + 1], top) for i in range(n)]
         del slot.pending[:n]
+        if len(slot.cached) == slot.split and self._cache is not None:
+            self._keep_prefix(slot)     # a prompt just prefilled: kept for the next time
         return True
 
     def _decode_step(self, slots: list[_Slot]) -> bool:
@@ -637,6 +730,16 @@ class LlamaCppEngine:
             llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
             slot.cached = []
         self.stats["running"] -= 1
+
+
+def kv_fingerprint(path: Path, *, n_ctx: int, n_batch: int, deterministic: bool) -> str:
+    """What a prompt cache entry's KV state depends on beyond its tokens: the model file
+    (its path, size and modification time), the context and chunk sizes (prefill chunks sit
+    at fixed positions), the numerics (--deterministic: repacked weights and flash attention)
+    and llama.cpp's build. An entry made under another fingerprint is never restored."""
+    st = path.stat()
+    return (f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|ctx={n_ctx}|batch={n_batch}|"
+            f"deterministic={deterministic}|llama_cpp={llama_cpp.__version__}|kv=f16")
 
 
 def _priority(slot: _Slot) -> int:
