@@ -39,10 +39,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start() -> tuple[subprocess.Popen, str]:
+def start(*extra: str) -> tuple[subprocess.Popen, str]:
+    """``podium serve`` on the default model (``extra``: more of its flags), healthy."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port),
-                             "--model-alias", f"claude-*={MODEL}", "--log-level", "warning"],
+                             "--model-alias", f"claude-*={MODEL}", "--log-level", "warning",
+                             *extra],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):

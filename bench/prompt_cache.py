@@ -32,24 +32,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from messages_prefill import MODEL, ROOT, free_port, stop, stream, with_cch  # noqa: E402
+from messages_prefill import MODEL, ROOT, stop, stream, with_cch  # noqa: E402
+from messages_prefill import start as serve  # noqa: E402
 
 
 def start(cache: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "podium", "serve", "--port", str(port),
-                             "--model-alias", f"claude-*={MODEL}", "--log-level", "warning",
-                             "--prompt-cache-dir", str(cache)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not start")
+    return serve("--prompt-cache-dir", str(cache))
 
 
 def disk_read_speed(folder: Path, size: int = 256 << 20) -> float:
