@@ -255,6 +255,12 @@ class Settings:
     prompt_cache_disk: str = _opt(
         "8G", "Disk the prompt cache may fill (bytes, or a K, M, G or T size); the least "
         "recently used entries go first; 0: no prompt cache.", metavar="SIZE")
+    prompt_cache_memory: str = _opt(
+        "512M", "Process memory each loaded model's prompt cache may hold besides the disk "
+        "(bytes, or a K, M, G or T size), counted in the model's memory estimate: restores "
+        "without a read, and what a client asks to keep in memory only; the least recently "
+        "used entries go first; 0: no memory tier (--prompt-cache-disk 0: neither tier).",
+        metavar="SIZE")
     prompt_cache_min_tokens: int = _opt(
         1024, "Shortest prompt prefix the prompt cache keeps (tokens): shorter ones prefill "
         "in about a second.")
@@ -320,6 +326,7 @@ class Settings:
             raise ValueError("--keep-alive must be 0 or more and --load-timeout more than 0")
         self.budget_bytes()         # a malformed size fails here
         self.prompt_cache_bytes()
+        self.prompt_cache_memory_bytes()
         if self.prompt_cache_min_tokens < 1:
             raise ValueError(f"--prompt-cache-min-tokens must be at least 1, not "
                              f"{self.prompt_cache_min_tokens}")
@@ -352,11 +359,11 @@ class Settings:
 
     def prompt_cache_bytes(self) -> int:
         """``--prompt-cache-disk`` in bytes (0: no prompt cache)."""
-        try:
-            return _size(self.prompt_cache_disk.strip())
-        except ValueError:
-            raise ValueError(f"--prompt-cache-disk {self.prompt_cache_disk!r}: give bytes or "
-                             f"a size such as 8G or 500M") from None
+        return _size_option("--prompt-cache-disk", self.prompt_cache_disk)
+
+    def prompt_cache_memory_bytes(self) -> int:
+        """``--prompt-cache-memory`` in bytes (0: no memory tier)."""
+        return _size_option("--prompt-cache-memory", self.prompt_cache_memory)
 
     def effort_budgets(self) -> Mapping[str, int]:
         """``--reasoning-budgets``: the reasoning tokens of each effort."""
@@ -486,6 +493,14 @@ def _from_env(f: dataclasses.Field, raw: str) -> Any:
     if f.type in ("bool", bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     return _KINDS.get(f.type, str)(raw)
+
+
+def _size_option(flag: str, raw: str) -> int:
+    """A size option's bytes; a ValueError naming ``flag`` if ``raw`` is none."""
+    try:
+        return _size(raw.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {raw!r}: give bytes or a size such as 8G or 500M") from None
 
 
 def _size(raw: str) -> int:

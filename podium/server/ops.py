@@ -69,14 +69,18 @@ def gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, An
             "batch_requests_queued": queued}
 
 
-# the prompt cache's figures /metrics reads, by the names it gives them
+# the prompt cache's figures /metrics reads, by the names it gives them: the disk tier's
+# (hits: loads read from a file), the memory tier's (memory_*), loads neither tier served
+# (misses) and tokens restored from either
 PROMPT_CACHE = {"bytes": "bytes", "entries": "entries", "hits_total": "hits",
-                "misses_total": "misses", "restored_tokens_total": "restored_tokens"}
+                "memory_bytes": "memory_bytes", "memory_entries": "memory_entries",
+                "memory_hits_total": "memory_hits", "misses_total": "misses",
+                "restored_tokens_total": "restored_tokens"}
 
 
 def _prompt_cache(entry: Entry) -> dict[str, int]:
-    """A loaded llama.cpp model's prompt cache figures (disk bytes and entries, hits and
-    misses, tokens restored instead of prefilled); {} for others."""
+    """A loaded llama.cpp model's prompt cache figures (per tier, disk and memory_*: bytes,
+    entries, hits; misses, tokens restored instead of prefilled); {} for others."""
     if entry.state != "loaded":
         return {}
     engine = entry.engine.engine
@@ -183,8 +187,8 @@ def _health_routes(app: FastAPI) -> None:
         """Alive (the process answers), with the memory budget (bytes; null: none), each
         model's state and counters, a loaded one's with ``draft_acceptance`` (the share of
         draft tokens accepted; null: none drafted) and, with a prompt cache, its figures
-        (``prompt_cache``: entries and bytes on disk, hits, misses, tokens restored); a
-        server of one model: its engine's counters as ``engine`` too."""
+        (``prompt_cache``: entries, bytes and hits on disk and in memory, misses, tokens
+        restored); a server of one model: its engine's counters as ``engine`` too."""
         models = models_of(request)
         entries = models.entries()
         body: dict[str, Any] = {"status": "ok", "memory_budget": models.budget or None,

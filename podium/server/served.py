@@ -133,8 +133,9 @@ def make_engine(settings: Settings, name: str, kind: str = "chat",
 
 
 def prompt_cache(settings: Settings, path: Path) -> PromptCache | None:
-    """The llama.cpp model's prompt cache on disk (``--prompt-cache-disk``; None: off),
-    under ``--prompt-cache-dir``, its entries keyed to this model and these settings."""
+    """The llama.cpp model's prompt cache (``--prompt-cache-disk``; None: off): on disk
+    under ``--prompt-cache-dir``, its entries keyed to this model and these settings, and in
+    memory up to ``--prompt-cache-memory``."""
     limit = settings.prompt_cache_bytes()
     if not limit:
         return None
@@ -148,13 +149,25 @@ def prompt_cache(settings: Settings, path: Path) -> PromptCache | None:
                                                  n_batch=settings.batch_size,
                                                  deterministic=settings.deterministic),
                        max_bytes=limit, min_tokens=settings.prompt_cache_min_tokens,
-                       block=settings.batch_size)
+                       block=settings.batch_size,
+                       memory_bytes=settings.prompt_cache_memory_bytes())
+
+
+def prompt_cache_memory(config: ModelConfig) -> int:
+    """The memory a model's prompt cache may hold (bytes): ``--prompt-cache-memory`` for a
+    llama.cpp chat model with a prompt cache (a model whose kind is still ``auto`` counts
+    it: better too high an estimate than too low); 0 for others."""
+    settings: Settings = config.source
+    if settings.engine != "llamacpp" or config.kind in ("embedding", "rerank") \
+            or not settings.prompt_cache_bytes():
+        return 0
+    return settings.prompt_cache_memory_bytes()
 
 
 def estimate(config: ModelConfig) -> int:
-    """The memory a llama.cpp model will hold once loaded (bytes, from its file's metadata;
-    blocking, about a tenth of a second); 0 for vLLM, whose memory is its own settings'
-    share (--gpu-memory-utilization)."""
+    """The memory a llama.cpp model will hold once loaded (bytes, from its file's metadata,
+    and its prompt cache's memory tier; blocking, about a tenth of a second); 0 for vLLM,
+    whose memory is its own settings' share (--gpu-memory-utilization)."""
     settings: Settings = config.source
     if settings.engine != "llamacpp":
         return 0
@@ -165,7 +178,8 @@ def estimate(config: ModelConfig) -> int:
     path = resolve_model(settings.spec, settings.model_file)
     return llama_estimate(path, n_ctx=settings.ctx_size, n_seq=max(1, settings.max_num_seqs),
                           n_batch=settings.batch_size,
-                          repack=use_extra_buffers(not settings.deterministic)).total
+                          repack=use_extra_buffers(not settings.deterministic)).total \
+        + prompt_cache_memory(config)
 
 
 def detect_kind(config: ModelConfig) -> str:

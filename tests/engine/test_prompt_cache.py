@@ -354,3 +354,234 @@ def test_longest_is_the_longest_block_aligned_common_prefix(saved, prompt, block
             assert saved[found[1][0]][:expected] == prompt[:expected]
         else:
             assert found is None
+
+
+# -- the memory tier ----------------------------------------------------------------------
+
+
+def test_a_memory_only_state_is_served_as_it_was_given_and_never_written(make, tmp_path):
+    cache = make(memory_bytes=10_000)
+    data = payload()
+    assert cache.save(T[:10], data, keep=False) is True
+    assert cache.longest(T[:10] + [7]) == 10           # found at once: no write to wait for
+    n, got = cache.load(T[:10] + [7])
+    assert n == 10 and got is data                     # the very bytes handed over
+    cache.flush()
+    assert files(cache) == []
+    assert (cache.stats["memory_hits"], cache.stats["hits"], cache.stats["saves"]) == (1, 0, 0)
+    assert (cache.stats["memory_entries"], cache.stats["memory_bytes"]) == (1, 1000)
+    assert (cache.stats["entries"], cache.stats["bytes"]) == (0, 0)
+    cache.close()
+    assert cache.longest(T[:12]) == 0 and cache.stats["memory_entries"] == 0
+    assert make().longest(T[:12]) == 0                 # nothing outlives the process
+
+
+def test_a_memory_hit_reads_no_file_even_when_the_entry_is_on_disk_too(make, monkeypatch):
+    cache = make(memory_bytes=10_000)
+    assert cache.save(T[:10], payload()) is True
+    cache.flush()
+    assert len(files(cache)) == 1 and cache.stats["memory_entries"] == 1
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("a file was read")
+    monkeypatch.setattr(cache, "_read", no_reading)
+    assert cache.load(T[:12]) == (10, payload())
+    assert cache.stats["memory_hits"] == 1 and cache.stats["hits"] == 0
+
+
+def test_the_memory_tier_lets_the_least_recently_used_go_by_bytes(make):
+    cache = make(memory_bytes=2500)
+
+    def kept() -> str:
+        return "".join(k for k in "ABCD" if cache.longest([ord(k)] * 9))
+    for k in "AB":
+        assert cache.save([ord(k)] * 8, payload(1000, seed=ord(k)), keep=False)
+    assert cache.load([ord("A")] * 9) is not None       # A used: B is the oldest now
+    assert cache.save([ord("C")] * 8, payload(1000), keep=False)
+    assert kept() == "AC" and cache.stats["memory_evicted"] == 1
+    assert (cache.stats["memory_entries"], cache.stats["memory_bytes"]) == (2, 2000)
+    # Two small ones make room for one twice their size...
+    assert cache.save([ord("D")] * 8, payload(2000), keep=False)
+    assert kept() == "D" and cache.stats["memory_evicted"] == 3
+    # ...and one larger than the whole tier is not held, nor anything let go for it.
+    assert cache.save([ord("E")] * 8, payload(3000), keep=False) is False
+    assert kept() == "D" and cache.stats["memory_too_big"] == 1
+    assert cache.stats["memory_bytes"] == 2000
+
+
+def test_a_disk_entry_the_memory_tier_let_go_of_is_read_from_disk_and_held_again(make):
+    cache = make(memory_bytes=1500)
+    a, b = [1] * 8, [2] * 8
+    cache.save(a, payload(1000, seed=1))
+    cache.save(b, payload(1000, seed=2))               # A out of memory; both on disk
+    cache.flush()
+    assert cache.stats["entries"] == 2 and cache.stats["memory_entries"] == 1
+    assert cache.load(a + [0]) == (8, payload(1000, seed=1))
+    assert cache.stats["hits"] == 1 and cache.stats["memory_hits"] == 0
+    # The load put A back in memory (B out): the next one reads no file.
+    assert cache.load(a + [0]) == (8, payload(1000, seed=1))
+    assert cache.stats["hits"] == 1 and cache.stats["memory_hits"] == 1
+    assert cache.load(b + [0]) == (8, payload(1000, seed=2))
+    assert cache.stats["hits"] == 2
+
+
+def test_a_held_state_outlives_its_file(make):
+    """A file removed behind the cache's back (another server's eviction, an operator) costs
+    the disk tier its entry; the memory tier's copy never left the process and still
+    serves."""
+    cache = make(memory_bytes=10_000)
+    cache.save(T[:10], payload())
+    cache.flush()
+    [path] = files(cache)
+    path.unlink()
+    cache.longest(T[:12])           # notices the folder changed: its writer reads it again
+    cache.flush()
+    assert cache.stats["entries"] == 0 and cache.stats["memory_entries"] == 1
+    assert cache.load(T[:12]) == (10, payload())
+    assert cache.stats["memory_hits"] == 1 and cache.stats["misses"] == 0
+
+
+def test_what_each_keep_asks_for(make):
+    cache = make(memory_bytes=10_000, min_tokens=8)
+    # None: the server's policy, min_tokens at least
+    assert cache.save(T[:7], payload(seed=1)) is False
+    # True: a client's breakpoint, one block suffices, memory and disk
+    assert cache.save([1] * 5, payload(seed=2), keep=True) is True
+    assert cache.save([2] * 3, payload(seed=3), keep=True) is False    # under a block
+    # False: memory only, one block suffices
+    assert cache.save([3] * 4, payload(seed=4), keep=False) is True
+    cache.flush()
+    assert cache.stats["saves"] == 1 and len(files(cache)) == 1
+    assert cache.stats["memory_entries"] == 2
+    cache.close()
+    again = make(memory_bytes=10_000, min_tokens=8)
+    assert again.load([1] * 6) == (5, payload(seed=2))
+    assert [again.longest(t * 9) for t in ([2], [3])] == [0, 0]
+    assert again.longest(T[:8]) == 0
+
+
+def test_no_memory_tier_with_a_cap_of_0(make):
+    cache = make()                  # memory_bytes=0, the default
+    assert cache.save(T[:10], payload(), keep=False) is False
+    assert cache.longest(T[:12]) == 0
+    assert cache.save(T[:10], payload()) is True       # the disk's, as before
+    cache.flush()
+    assert cache.load(T[:12]) == (10, payload())
+    assert cache.load(T[:12]) == (10, payload())
+    assert cache.stats["hits"] == 2
+    assert all(cache.stats[k] == 0 for k in prompt_cache.STATS if k.startswith("memory_"))
+
+
+def test_each_tier_supersedes_only_within_itself(make):
+    cache = make(memory_bytes=10_000)
+    cache.save(T[:6], payload(seed=1))
+    cache.flush()
+    cache.save(T[:12], payload(seed=2), keep=False)
+    cache.flush()
+    # Its memory copy of T[:6] is let go of; the file of T[:6] stays (the memory-only state
+    # does not outlive the process, the file does).
+    assert cache.stats["memory_entries"] == 1 and len(files(cache)) == 1
+    assert cache.load(T[:20]) == (12, payload(seed=2))
+    cache.save(T[:14], payload(seed=3))
+    cache.flush()
+    assert cache.stats["memory_entries"] == 1 and cache.stats["entries"] == 1
+    assert cache.load(T[:20]) == (14, payload(seed=3))
+    assert [p.name for p in files(cache)] == [prompt_cache._chain(prompt_cache._ids(T[:14]),
+                                                                    4)[1].hex() + ".kv"]
+
+
+def test_whether_a_save_was_taken(make, monkeypatch):
+    cache = make(memory_bytes=1000, max_queued=1)
+    writing, go_on = threading.Event(), threading.Event()
+    write = cache._write
+
+    def held(ids: bytes, data: bytes) -> None:
+        writing.set()
+        go_on.wait(10)
+        write(ids, data)
+    monkeypatch.setattr(cache, "_write", held)
+    assert cache.save([1] * 8, payload(500)) is True
+    assert writing.wait(10)
+    assert cache.save([2] * 8, payload(500)) is True       # queued (and held)
+    assert cache.save([3] * 8, payload(500)) is True       # not queued, but held
+    assert cache.save([4] * 8, payload(2000)) is False     # neither
+    assert cache.stats["dropped"] == 2
+    go_on.set()
+    cache.close()
+    assert cache.save([5] * 8, payload(500), keep=False) is False
+    assert cache.stats["saves"] == 2 and cache.stats["memory_bytes"] == 0
+
+
+def test_close_writes_what_is_queued_and_lets_the_memory_tier_go(make):
+    cache = make(memory_bytes=10_000, max_queued=10)
+    cache.save([1] * 8, payload(seed=1), keep=False)
+    cache.save([2] * 8, payload(seed=2))
+    cache.close()
+    assert cache.stats["memory_entries"] == cache.stats["memory_bytes"] == 0
+    assert cache.longest([1] * 9) == 0 and cache.longest([2] * 9) == 8
+    again = make(memory_bytes=10_000)
+    assert again.load([2] * 9) == (8, payload(seed=2)) and again.longest([1] * 9) == 0
+
+
+def test_saves_and_loads_from_many_threads_keep_the_tiers_consistent(make):
+    cache = make(memory_bytes=3000, max_queued=4)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        rng = random.Random(t)
+        try:
+            for i in range(60):
+                tokens = [rng.randrange(3) for _ in range(rng.randrange(4, 16))]
+                if rng.random() < 0.5:
+                    cache.save(tokens, payload(rng.randrange(200, 1200), seed=i),
+                               keep=rng.choice([None, True, False]))
+                else:
+                    found = cache.load(tokens + [9])
+                    assert found is None or found[0] <= len(tokens)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cache.flush()
+    assert errors == []
+    held = list(cache._memory.values())
+    assert cache.stats["memory_bytes"] == sum(len(e.data or b"") for e in held) <= 3000
+    assert cache.stats["memory_entries"] == len(held)
+    assert all(cache._entries[e.key] is e for e in held)
+    assert all(e.data is not None or e.size for e in cache._entries.values())
+    assert cache.stats["entries"] == len(files(cache)) \
+        == sum(1 for e in cache._entries.values() if e.size)
+    assert cache.stats["bytes"] == sum(p.stat().st_size for p in files(cache))
+
+
+@given(saved=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=14), max_size=6),
+       prompt=st.lists(st.integers(0, 2), max_size=16), block=st.integers(1, 4))
+@settings(max_examples=150, deadline=None)
+def test_the_memory_tier_finds_what_the_disk_tier_would(saved, prompt, block):
+    """Memory-only saves (states under a block are not taken) with room for all: the same
+    longest prefix as the disk tier's, and nothing after ``close``."""
+    taken = [tokens for tokens in saved if len(tokens) >= block]
+    kept: list[list[int]] = []
+    for tokens in taken:        # a save, even of a state held already, supersedes its prefixes
+        kept = [k for k in kept if k == tokens or tokens[:len(k)] != k]
+        if tokens not in kept:
+            kept.append(tokens)
+    expected = brute_longest(kept, prompt, block)
+    with tempfile.TemporaryDirectory() as folder:
+        cache = PromptCache(Path(folder), FP, max_bytes=1 << 20, min_tokens=1, block=block,
+                            memory_bytes=1 << 20)
+        for i, tokens in enumerate(saved):
+            assert cache.save(tokens, bytes([i]), keep=False) == (len(tokens) >= block)
+        assert cache.stats["memory_entries"] == len(kept)
+        assert cache.longest(prompt) == expected
+        found = cache.load(prompt)
+        if expected:
+            assert found is not None and found[0] == expected
+            assert saved[found[1][0]][:expected] == prompt[:expected]
+        else:
+            assert found is None
+        cache.close()
+        assert cache.longest(prompt) == 0 and not list(Path(folder).rglob("*.kv"))

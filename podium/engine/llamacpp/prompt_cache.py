@@ -1,10 +1,21 @@
-"""The disk tier of the prompt cache: one sequence's KV state kept in a file, found again by
-the token ids it holds (issue 43).
+"""The prompt cache's host-memory and disk tiers: one sequence's KV state kept in process
+memory or in a file (or both), found again by the token ids it holds (issue 43).
 
 llama.cpp hands the engine a sequence's KV state as bytes (``llama_state_seq_get_data``) and
-takes it back (``llama_state_seq_set_data``). A ``PromptCache`` keeps such blobs, one file
-each, so that a prefix prefilled once is restored after the slot that held it was taken, its
-model unloaded or the server restarted.
+takes it back (``llama_state_seq_set_data``). A ``PromptCache`` keeps such blobs so that a
+prefix prefilled once is restored after the slot that held it was taken (from memory or
+disk), its model unloaded or the server restarted (from disk).
+
+Two tiers, one index. The memory tier holds the ``bytes`` objects the engine handed over (no
+copy), at most ``memory_bytes`` of them, least recently used out first; what it holds never
+outlives the process (``close`` lets go of it) and is served without reading a file or a
+checksum (it never left the process). The disk tier holds one file per entry, as below. An
+entry may be in either or both: one saved with ``keep=False`` (OpenAI's ``in_memory``
+retention) is in memory only and never looked for on disk; a disk entry the memory tier let
+go of is still found on disk; a disk entry that is loaded is held in memory again (it has
+just proved it is reused, so it is a better use of the tier than a state saved once). Each
+tier supersedes within itself: a longer state of the same tokens makes the memory copies,
+and later the files, of its prefixes redundant.
 
 Finding a prefix. The token ids are cut into blocks of ``block`` ids; a block's hash covers
 it and every block before it (sha256 of the previous hash and the block's ids as int32
@@ -23,7 +34,7 @@ meet. The header is verified when the folder is scanned, the payload when it is 
 file that fails either (truncated, a flipped byte, another model's, other tokens than its
 name says) is a warning and is removed, and the caller prefills.
 
-Writes happen behind, on a thread of the cache's own: ``save`` only queues. A write goes to a
+Writes happen behind, on a thread of the cache's own: ``save`` only queues them. A write goes to a
 temporary file in the same folder (unique per process and write), is fsynced and renamed
 into place, so a reader, in this process or another, sees a whole file or none. The folder
 holds at most ``max_bytes``: the least recently used entries (a load touches the file's
@@ -48,7 +59,7 @@ import sys
 import threading
 import time
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,8 +84,11 @@ STALE_TEMP_NS = 3600 * 10**9
 # folder is read again until its mtime is older than this at the scan.
 MTIME_SLACK_NS = 2 * 10**9
 
+# entries, bytes, hits, ... evicted: the disk tier's (hits: loads read from a file; misses:
+# loads neither tier served); memory_*: the memory tier's
 STATS = ("entries", "bytes", "hits", "misses", "saves", "dropped", "too_big", "failed",
-         "corrupt", "evicted")
+         "corrupt", "evicted", "memory_entries", "memory_bytes", "memory_hits",
+         "memory_evicted", "memory_too_big")
 
 
 class _Bad(Exception):
@@ -86,8 +100,9 @@ class _Entry:
     key: bytes                  # the hash of all its token ids (the file is named by it)
     tokens: int                 # how many token ids it holds
     blocks: list[bytes]         # its chain hash at each whole block
-    size: int                   # bytes on disk
-    used: int                   # mtime in ns: written or last loaded
+    size: int                   # bytes on disk (0: not on disk)
+    used: int                   # its file's mtime in ns: written or last loaded
+    data: bytes | None = None   # its state, while the memory tier holds it
 
     @property
     def name(self) -> str:
@@ -162,16 +177,20 @@ def _read_header(f: BinaryIO, size: int) -> _Header:
 
 
 class PromptCache:
-    """KV states on disk, keyed by the token ids they hold, for one model's fingerprint.
+    """KV states in memory and on disk, keyed by the token ids they hold, for one model's
+    fingerprint.
 
-    ``longest`` and ``load`` may be called from any thread (the engine's decode thread);
-    ``save`` only queues, for the cache's writer thread.
+    ``longest``, ``load`` and ``save`` may be called from any thread (the engine's decode
+    thread, its reader thread); ``save`` holds the state in memory and queues the write,
+    for the cache's writer thread.
     """
 
     def __init__(self, directory: Path, fingerprint: str, *, max_bytes: int,
-                 min_tokens: int = 256, block: int = 128, max_queued: int = 2):
-        """``max_queued``: saves waiting for the writer at most (each holds its state in
-        memory until written); one more is dropped."""
+                 min_tokens: int = 256, block: int = 128, max_queued: int = 2,
+                 memory_bytes: int = 0):
+        """``max_bytes``: the disk tier's cap; ``memory_bytes``: the memory tier's (0: no
+        memory tier). ``max_queued``: saves waiting for the writer at most (each holds its
+        state in memory until written); one more is not written."""
         digest = hashlib.sha256(f"{FORMAT}\n{fingerprint}".encode()).hexdigest()[:32]
         self.directory = Path(directory) / digest
         self.fingerprint = fingerprint
@@ -179,8 +198,11 @@ class PromptCache:
         self.min_tokens = min_tokens
         self.block = block
         self.max_queued = max_queued
+        self.memory_bytes = memory_bytes
         self.stats = EngineStats(*STATS)
+        # every entry of either tier, by key; those the memory tier holds, oldest use first
         self._entries: dict[bytes, _Entry] = {}
+        self._memory: OrderedDict[bytes, _Entry] = OrderedDict()
         # A chain hash -> the keys of the entries holding that prefix; and of the entries
         # that end in the partial block after it.
         self._blocks: dict[bytes, set[bytes]] = {}
@@ -219,18 +241,37 @@ class PromptCache:
             return self._match(ids)[0]
 
     def load(self, tokens: Sequence[int]) -> tuple[int, bytes] | None:
-        """The smallest entry holding the longest prefix of ``tokens`` (as ``longest``),
-        read and verified: (how many leading tokens of ``tokens`` it holds, its state). The
-        entry may hold more tokens after those: the engine keeps the first ones only. None
-        when there is none, when its file vanished (another process removed it), or when it
-        fails a check (a warning; the file is removed). Counts a hit or a miss."""
+        """An entry holding the longest prefix of ``tokens`` (as ``longest``): (how many
+        leading tokens of ``tokens`` it holds, its state). The entry may hold more tokens
+        after those: the engine keeps the first ones only. The smallest such entry the
+        memory tier holds, as it is; else the smallest file, read and verified (then held in
+        memory). None when there is none, when its file vanished (another process removed
+        it), or when it fails a check (a warning; the file is removed). Counts a hit (of
+        the tier that served it) or a miss."""
         ids = _ids(tokens)
         with self._lock:
             n, keys = self._match(ids)
-            entry = min((self._entries[k] for k in keys), key=lambda e: e.size, default=None)
-            if entry is None:
-                self.stats["misses"] += 1
-                return None
+            found = [self._entries[k] for k in keys]
+            held = [(len(e.data), e.data, e) for e in found if e.data is not None]
+            if held:
+                _, data, entry = min(held, key=lambda h: h[0])
+                self._memory.move_to_end(entry.key)
+                self.stats["memory_hits"] += 1
+                on_disk = entry.size > 0
+            else:
+                files = [e for e in found if e.size]
+                if not files:
+                    self.stats["misses"] += 1
+                    return None
+                entry = min(files, key=lambda e: e.size)
+        if not held:
+            return self._read(entry, n, ids)
+        if on_disk:             # used: its file is not the disk tier's next to go
+            self._touch(entry)
+        return n, data
+
+    def _read(self, entry: _Entry, n: int, ids: bytes) -> tuple[int, bytes] | None:
+        """``load`` from ``entry``'s file: its first ``n`` token ids are ``ids``'."""
         path = self.directory / entry.name
         try:
             with open(path, "rb") as f:
@@ -252,27 +293,47 @@ class PromptCache:
             self._warn(("read", e.errno or 0), f"prompt cache: cannot read {path} ({e})")
             self._lost(entry)
             return None
-        now = time.time_ns()
-        with contextlib.suppress(OSError):      # the LRU order only: a miss would be worse
-            os.utime(path, ns=(now, now))
+        self._touch(entry)
         with self._lock:
-            entry.used = now
             self.stats["hits"] += 1
+            # not superseded or lost meanwhile, and not larger than the whole tier
+            if self._entries.get(entry.key) is entry and len(data) <= self.memory_bytes:
+                self._hold(entry, data)
         return n, data
 
-    def save(self, tokens: Sequence[int], data: bytes) -> None:
-        """Keep ``data``, the state of exactly ``tokens``: queued for the writer thread, and
-        dropped (counted) when ``max_queued`` saves are already waiting. Fewer tokens than
-        ``min_tokens`` are not worth a write. ``data`` is kept as it is, not copied."""
-        if len(tokens) < self.min_tokens:
-            return
+    def _touch(self, entry: _Entry) -> None:
+        """``entry``'s file was used now (the disk tier's LRU order, which other processes
+        sharing the folder see too)."""
+        now = time.time_ns()
+        with contextlib.suppress(OSError):      # the LRU order only: a miss would be worse
+            os.utime(self.directory / entry.name, ns=(now, now))
+        entry.used = now
+
+    def save(self, tokens: Sequence[int], data: bytes, *, keep: bool | None = None) -> bool:
+        """Keep ``data``, the state of exactly ``tokens``, as it is (not copied). ``keep``:
+        None, the server's policy: at least ``min_tokens`` tokens (fewer are not worth a
+        write), held in memory when it fits and queued for the writer thread; True (a
+        client asked to keep it): at least one block, the same tiers; False (a client asked
+        for memory only): at least one block, held in memory, never written. A write is
+        not queued (counted as dropped) when ``max_queued`` saves are already waiting.
+        Whether the cache took it: held in memory, or queued for the writer."""
+        if len(tokens) < (self.min_tokens if keep is None else self.block):
+            return False
         ids = _ids(tokens)
+        chain = _chain(ids, self.block) if self.memory_bytes else None
         with self._cond:
-            if self._closing or len(self._saves) >= self.max_queued:
+            if self._closing:
                 self.stats["dropped"] += 1
-                return
+                return False
+            held = chain is not None and self._remember(ids, *chain, data)
+            if keep is False:
+                return held
+            if len(self._saves) >= self.max_queued:
+                self.stats["dropped"] += 1
+                return held
             self._saves.append((ids, data))
             self._cond.notify_all()
+            return True
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued save is written (or ``timeout`` seconds passed)."""
@@ -281,11 +342,62 @@ class PromptCache:
                                 timeout)
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer thread; later saves are dropped."""
+        """Write what is queued, then stop the writer thread and let go of the memory tier
+        (its entries that are not on disk are gone); later saves are dropped."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._writer.join()
+        with self._lock:
+            for entry in list(self._memory.values()):
+                self._release(entry)
+
+    # -- the memory tier (under self._lock) ----------------------------------------------
+
+    def _remember(self, ids: bytes, blocks: list[bytes], key: bytes, data: bytes) -> bool:
+        """Hold ``data``, the state of the token ``ids`` (their chain ``blocks`` and
+        ``key``), in the memory tier, and let go of the memory copies of the entries it
+        extends; False when the tier cannot hold it."""
+        entry = self._entries.get(key) or _Entry(key, len(ids) // 4, blocks, 0, 0)
+        if not self._hold(entry, data):
+            return False
+        for prefix in self._prefixes(ids, blocks):
+            self._release(prefix)
+        return True
+
+    def _hold(self, entry: _Entry, data: bytes) -> bool:
+        """Put ``data``, ``entry``'s state, in the memory tier (``entry`` is added to the
+        index if it is not in it), the least recently used entries out to make room; an
+        entry it holds already is only marked used. False: larger than the whole tier."""
+        if entry.data is not None:
+            self._memory.move_to_end(entry.key)
+            return True
+        if len(data) > self.memory_bytes:
+            if self.memory_bytes:
+                self.stats["memory_too_big"] += 1
+            return False
+        while self.stats["memory_bytes"] + len(data) > self.memory_bytes:
+            oldest = next(iter(self._memory.values()))
+            self.stats["memory_evicted"] += 1
+            self._release(oldest)
+        if self._entries.get(entry.key) is not entry:
+            self._index(entry)
+        entry.data = data
+        self._memory[entry.key] = entry
+        self.stats["memory_entries"] += 1
+        self.stats["memory_bytes"] += len(data)
+        return True
+
+    def _release(self, entry: _Entry) -> None:
+        """The memory tier lets go of ``entry``'s state; an entry not on disk is gone."""
+        if entry.data is None:
+            return
+        del self._memory[entry.key]
+        self.stats["memory_entries"] -= 1
+        self.stats["memory_bytes"] -= len(entry.data)
+        entry.data = None
+        if not entry.size:
+            self._unindex(entry)
 
     # -- the index (under self._lock) ----------------------------------------------------
 
@@ -317,18 +429,43 @@ class PromptCache:
         return best, found
 
     def _add(self, entry: _Entry) -> None:
+        """``entry``'s file is on disk: into the index, or onto the entry of the same key
+        there (the memory tier may hold it)."""
+        have = self._entries.get(entry.key)
+        if have is None:
+            self._index(entry)
+            have = entry
+        elif have.size:
+            self.stats["entries"] -= 1
+            self.stats["bytes"] -= have.size
+        have.size, have.used = entry.size, entry.used
+        self.stats["entries"] += 1
+        self.stats["bytes"] += entry.size
+
+    def _drop(self, entry: _Entry) -> None:
+        """The entry of ``entry``'s key is no longer on disk: out of the index unless the
+        memory tier holds it."""
+        have = self._entries.get(entry.key)
+        if have is None or not have.size:
+            return
+        self.stats["entries"] -= 1
+        self.stats["bytes"] -= have.size
+        have.size = 0
+        if have.data is None:
+            self._unindex(have)
+
+    def _index(self, entry: _Entry) -> None:
         self._entries[entry.key] = entry
         for h in entry.blocks:
             self._blocks.setdefault(h, set()).add(entry.key)
         if entry.tokens % self.block:
             self._ends.setdefault(entry.blocks[-1] if entry.blocks else _SEED,
                                   set()).add(entry.key)
-        self.stats["entries"] += 1
-        self.stats["bytes"] += entry.size
 
-    def _drop(self, entry: _Entry) -> None:
-        if self._entries.pop(entry.key, None) is None:
+    def _unindex(self, entry: _Entry) -> None:
+        if self._entries.get(entry.key) is not entry:
             return
+        del self._entries[entry.key]
         for h in entry.blocks:
             holders = self._blocks[h]
             holders.discard(entry.key)
@@ -339,8 +476,6 @@ class PromptCache:
             self._ends[end].discard(entry.key)
             if not self._ends[end]:
                 del self._ends[end]
-        self.stats["entries"] -= 1
-        self.stats["bytes"] -= entry.size
 
     # -- failures --------------------------------------------------------------------------
 
@@ -435,14 +570,16 @@ class PromptCache:
                 continue
             present.add(key)
             with self._lock:
-                if key in self._entries:
+                have = self._entries.get(key)
+                if have is not None and have.size:
                     continue
             entry = self._read_entry(Path(item.path), key)
             if entry is not None:
                 with self._lock:
                     self._add(entry)
         with self._lock:
-            for entry in [e for k, e in self._entries.items() if k not in present]:
+            for entry in [e for k, e in self._entries.items()
+                          if e.size and k not in present]:
                 self._drop(entry)
         self._seen = (mtime, scanned_at)
 
@@ -474,7 +611,9 @@ class PromptCache:
         blocks, key = _chain(ids, self.block)
         with self._lock:
             same = self._entries.get(key)
-        if same is not None:            # these very tokens are kept already: used now
+            if same is not None and not same.size:      # in memory only: written now
+                same = None
+        if same is not None:            # these very tokens are on disk already: used now
             now = time.time_ns()
             try:
                 os.utime(self.directory / same.name, ns=(now, now))
@@ -493,7 +632,8 @@ class PromptCache:
             with self._lock:
                 self.stats["too_big"] += 1
             return
-        superseded = self._prefixes(ids, blocks)
+        with self._lock:
+            superseded = [e for e in self._prefixes(ids, blocks) if e.size]
         self._make_room(size - sum(e.size for e in superseded), superseded)
         path = self.directory / _name(key)
         temp = self.directory / f".{key.hex()}.{os.getpid()}.{next(self._temp_names)}.tmp"
@@ -523,18 +663,17 @@ class PromptCache:
 
     def _prefixes(self, ids: bytes, blocks: list[bytes]) -> list[_Entry]:
         """The entries whose token ids are a proper prefix of ``ids``: this one supersedes
-        them."""
+        them (under self._lock)."""
         view = memoryview(ids)
         step = 4 * self.block
         found = []
-        with self._lock:
-            for depth, prev in enumerate([_SEED, *blocks]):
-                if depth and depth * step < len(ids) and prev in self._entries:
-                    found.append(self._entries[prev])
-                for key in self._ends.get(prev, ()):
-                    n = self._entries[key].tokens
-                    if 4 * n < len(ids) and _link(prev, view[depth * step:4 * n]) == key:
-                        found.append(self._entries[key])
+        for depth, prev in enumerate([_SEED, *blocks]):
+            if depth and depth * step < len(ids) and prev in self._entries:
+                found.append(self._entries[prev])
+            for key in self._ends.get(prev, ()):
+                n = self._entries[key].tokens
+                if 4 * n < len(ids) and _link(prev, view[depth * step:4 * n]) == key:
+                    found.append(self._entries[key])
         return found
 
     def _make_room(self, size: int, leaving: list[_Entry]) -> None:
@@ -545,7 +684,7 @@ class PromptCache:
             if self.stats["bytes"] + size <= self.max_bytes:
                 return
             keep = {e.key for e in leaving}
-            candidates = [e for e in self._entries.values() if e.key not in keep]
+            candidates = [e for e in self._entries.values() if e.size and e.key not in keep]
         for entry in candidates:
             try:
                 entry.used = os.stat(self.directory / entry.name).st_mtime_ns
@@ -556,7 +695,7 @@ class PromptCache:
             with self._lock:
                 if self.stats["bytes"] + size <= self.max_bytes:
                     return
-                if entry.key not in self._entries:
+                if not entry.size or self._entries.get(entry.key) is not entry:
                     continue
                 self.stats["evicted"] += 1
             self._remove(entry)
