@@ -144,6 +144,12 @@ class Options:
     prediction: str | None = None       # Predicted Outputs: the text the answer is expected
     #                                     to mostly be (drafts for the engine to verify)
     fit_max_tokens: bool = False        # max_tokens is a ceiling: cut it to the room left
+    # the prompt cache (Anthropic's cache_control, OpenAI's prompt_cache_*): the last
+    # breakpoint, as (message index, part index) it follows, (-1, 0) for after the
+    # instructions and tools; and the retention (True: on disk too, False: memory only,
+    # None: the server's policy)
+    cache_mark: tuple[int, int] | None = None
+    cache_retain: bool | None = None
     messages_param: str = "messages"
     max_tokens_param: str = "max_tokens"
 

@@ -22,9 +22,9 @@ from contextlib import aclosing
 from typing import Any, AsyncGenerator, Callable, TypeVar
 
 from podium import telemetry
-from podium.conversation import Conversation, Options
+from podium.conversation import Conversation, Message, Options, Role, TextPart
 from podium.dialect import Dialect
-from podium.engine.base import Engine, EngineOutput, EngineRequest, Generation
+from podium.engine.base import CacheHint, Engine, EngineOutput, EngineRequest, Generation
 from podium.errors import ContextLengthExceeded, InvalidRequestError, ModelUnloaded
 from podium.grammar import check_schema
 from podium.parsing.events import Usage
@@ -135,6 +135,10 @@ def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, option
                            options.messages_param, options.max_tokens_param)
     reasoning = dialect.reasoning(prompt, options)
     prediction = predicted(engine, dialect, options)
+    cache = None
+    if options.cache_mark is not None or options.cache_retain is not None:
+        cache = CacheHint(cache_until(dialect, conversation, options, prompt.token_ids),
+                          options.cache_retain)
     record = telemetry.current()
     if record is not None:
         if reasoning is not None:
@@ -147,9 +151,47 @@ def prepare(engine: Engine, dialect: Dialect, conversation: Conversation, option
                            reasoning=reasoning, seed=choice_seed(options.seed, settings.seed, i),
                            prediction=prediction)
         dialect.sampling(sampling)
-        request = EngineRequest(new_id("req"), prompt.token_ids, sampling, options.logprobs)
+        request = EngineRequest(new_id("req"), prompt.token_ids, sampling, options.logprobs,
+                                cache=cache)
         choices.append(Choice(request, dialect.stream(prompt, options)))
     return Prepared(len(prompt.token_ids), choices)
+
+
+# What a breakpoint's probe message says: text no conversation goes on with, so the probe's
+# tokens part from the prompt's where the breakpoint is.
+_PROBE = "\u2042 cache probe \u2042"
+
+
+def cache_until(dialect: Dialect, conversation: Conversation, options: Options,
+                prompt: list[int]) -> int | None:
+    """How many of the prompt's first tokens ``options.cache_mark`` (a client's last cache
+    breakpoint) covers: the conversation up to the marked part, then a probe message of
+    other text (the role after the marked one, so templates that insist on alternating
+    roles accept it), rendered; the tokens it shares with the prompt. A few tokens of the
+    next turn's opening may be counted with it. None when there is no mark, or the
+    template cannot render the cut conversation (then the server's policy decides)."""
+    mark = options.cache_mark
+    if mark is None:
+        return None
+    at, part = mark
+    if at >= len(conversation.messages):
+        return None
+    head: list[Message] = []
+    if at >= 0:
+        marked = conversation.messages[at]
+        head = conversation.messages[:at] + [replace(marked, parts=marked.parts[:part + 1])]
+    role: Role = "assistant" if head and head[-1].role == "user" else "user"
+    probe = Conversation(head + [Message(role, [TextPart(_PROBE)], "cache probe")],
+                         conversation.instructions)
+    try:
+        ids = dialect.prompt(probe, replace(options, add_generation_prompt=False)).token_ids
+    except Exception:  # noqa: BLE001 - a template's own refusal of the cut conversation
+        return None
+    n = min(len(ids), len(prompt) - 1)      # the prompt's last token is never cached
+    same = 0
+    while same < n and ids[same] == prompt[same]:
+        same += 1
+    return same
 
 
 def predicted(engine: Engine, dialect: Dialect, options: Options) -> tuple[int, ...] | None:
@@ -222,6 +264,7 @@ class UsageFold:
             if group:
                 total.prompt_tokens += group[0].prompt_tokens
                 total.cached_tokens += max(u.cached_tokens for u in group)
+                total.cache_written += max(u.cache_written for u in group)
                 total.completion_tokens += sum(u.completion_tokens for u in group)
                 total.reasoning_tokens += sum(u.reasoning_tokens for u in group)
                 total.accepted_prediction_tokens += sum(u.accepted_prediction_tokens

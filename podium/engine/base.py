@@ -55,6 +55,21 @@ class ReasoningBudget:
     inside: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class CacheHint:
+    """What a client asked of the prompt cache (Anthropic's ``cache_control``, OpenAI's
+    ``prompt_cache_breakpoint`` / ``prompt_cache_retention`` / ``prompt_cache_options``).
+
+    ``until``: the prompt's first tokens a breakpoint marks worth keeping (None: none
+    marked; the server's policy decides). ``retain``: True keeps the prompt in every tier
+    the server has, disk included, however short (down to one block); False keeps it in
+    memory only (OpenAI's ``in_memory``: nothing written to disk); None: the server's
+    policy (``--prompt-cache-min-tokens``)."""
+
+    until: int | None = None
+    retain: bool | None = None
+
+
 @dataclass(slots=True)
 class EngineRequest:
     """One sequence to generate.
@@ -73,6 +88,7 @@ class EngineRequest:
     logprobs: int | None = None         # None: no logprobs; k: chosen token plus top k
     prompt_logprobs: int | None = None  # same, for every prompt token after the first
     priority: int = 0                   # higher runs first (0: interactive; batch below)
+    cache: CacheHint | None = None      # what the client asked of the prompt cache
 
 
 @dataclass(slots=True)
@@ -94,6 +110,8 @@ class EngineOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # first output only, when asked
     stopped_by_token: bool = False      # the last token is EOS / a stop token: count it, no text
     cached_tokens: int = 0              # first output: prompt tokens reused from the KV cache
+    cache_written: int = 0              # first output: prompt tokens it added to the prompt
+    #                                     cache (a tier beyond the sequence's own KV region)
     # of the prediction's draft tokens, those this output accepted and those it rejected
     # (``SamplingParams.prediction``; summed over a choice's outputs)
     accepted_prediction: int = 0

@@ -175,6 +175,10 @@ class ScriptedEngine:
             # first nor the last is a bare EngineOutput (the benchmarks' path; the loop
             # below does the same)
             plain = per_step == 1 and k is None and drafted is None
+            # a client's cache breakpoint: reported as written with the first output (what
+            # a real engine with a prompt cache writes for a first sight of the prompt)
+            cache = request.cache
+            written = cache.until or 0 if cache is not None and cache.retain is not False else 0
             while True:
                 await sleep(delay)
                 if place.halt:
@@ -183,7 +187,7 @@ class ScriptedEngine:
                     if place.aborted:
                         yield EngineOutput([], finish_reason="abort")
                         return
-                if plain and prompt_lp is None and produced < len(script) - 1:
+                if plain and prompt_lp is None and not written and produced < len(script) - 1:
                     token = script[produced]
                     if not (token in stops or (token == eos and eos_stops)
                             or produced + 1 >= max_tokens):
@@ -213,6 +217,7 @@ class ScriptedEngine:
                 if drafted is not None:     # the verifies that began in this step
                     out.accepted_prediction = sum(drafted[0][begun:produced])
                     out.rejected_prediction = sum(drafted[1][begun:produced])
+                out.cache_written, written = written, 0
                 yield out
                 prompt_lp = None
                 if finish:

@@ -63,13 +63,14 @@ class HarmonyPipeline:
         self.reasoning_tokens = 0
         self.finished = False
         self.cached_tokens = 0
+        self.cache_written = 0
         self._prompt_tokens = prompt_tokens
         self._usage_sent = False
 
     def feed(self, out: EngineOutput) -> list[Event]:
         self.completion_tokens += len(out.token_ids)
-        if out.cached_tokens:
-            self.cached_tokens = out.cached_tokens
+        if out.cached_tokens or out.cache_written:
+            self.cached_tokens, self.cache_written = out.cached_tokens, out.cache_written
         events: list[Event] = []
         for i, token in enumerate(out.token_ids):
             logprob = out.logprobs[i] if self._want_logprobs and out.logprobs else None
@@ -222,4 +223,4 @@ class HarmonyPipeline:
             return []
         self._usage_sent = True
         return [Usage(self._prompt_tokens, self.completion_tokens, self.cached_tokens,
-                      self.reasoning_tokens)]
+                      self.reasoning_tokens, cache_written=self.cache_written)]

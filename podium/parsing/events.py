@@ -75,6 +75,7 @@ class Usage:
     reasoning_tokens: int = 0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    cache_written: int = 0          # prompt tokens the engine added to its prompt cache
 
 
 @dataclass(slots=True)

@@ -18,7 +18,8 @@ from podium.text.stop import StopMatcher
 
 class TextPipeline:
     __slots__ = ("_detok", "_stops", "_want_logprobs", "_pending", "_produced", "_released",
-                 "completion_tokens", "finished", "cached_tokens", "plain")
+                 "completion_tokens", "finished", "cached_tokens", "cache_written",
+                 "plain")
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
                  want_logprobs: bool = False):
@@ -33,13 +34,14 @@ class TextPipeline:
         self.completion_tokens = 0
         self.finished = False
         self.cached_tokens = 0   # prompt tokens the engine reused from its cache
+        self.cache_written = 0   # and those it added to its prompt cache
 
     def feed(self, out: EngineOutput) -> list[Event]:
         """Events for one engine output; the last output also yields ``Finish``."""
         ids = out.token_ids
         self.completion_tokens += len(ids)
-        if out.cached_tokens:
-            self.cached_tokens = out.cached_tokens
+        if out.cached_tokens or out.cache_written:
+            self.cached_tokens, self.cache_written = out.cached_tokens, out.cache_written
         if out.stopped_by_token:
             ids = ids[:-1]
         detok = self._detok
@@ -125,7 +127,7 @@ class TextStream:
         ids = out.token_ids
         before = reasoning.state if reasoning is not None else "content"
         if (text.plain and len(ids) == 1 and out.finish_reason is None
-                and out.prompt_logprobs is None and not out.cached_tokens
+                and out.prompt_logprobs is None and not (out.cached_tokens or out.cache_written)
                 and not (out.accepted_prediction or out.rejected_prediction)):
             # The common step, one token mid-output: its text alone, straight to the parser
             # (see ``TextPipeline.token``).
@@ -169,4 +171,5 @@ class TextStream:
         self._usage_sent = True
         text = self._text
         return [Usage(self._prompt_tokens, text.completion_tokens, text.cached_tokens,
-                      self._reasoning_tokens, self._accepted, self._rejected)]
+                      self._reasoning_tokens, self._accepted, self._rejected,
+                      text.cache_written)]

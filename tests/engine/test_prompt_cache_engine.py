@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import logging
 
-from podium.engine.base import EngineRequest, SamplingParams
+from podium.engine.base import CacheHint, EngineRequest, SamplingParams
 from podium.engine.llamacpp.engine import LlamaCppEngine, kv_fingerprint
 from podium.engine.llamacpp.prompt_cache import PromptCache
 
@@ -19,10 +19,10 @@ LONG = "".join(f"Rule {i}: always answer in full sentences about topic {i}.\n"
                for i in range(40))
 
 
-def make(model_path, directory, *, n_batch=BATCH, max_num_seqs=1):
+def make(model_path, directory, *, n_batch=BATCH, max_num_seqs=1, min_tokens=128):
     cache = PromptCache(directory, kv_fingerprint(model_path, n_ctx=1024, n_batch=n_batch,
                                                   deterministic=True),
-                        max_bytes=1 << 30, min_tokens=128, block=n_batch)
+                        max_bytes=1 << 30, min_tokens=min_tokens, block=n_batch)
     return LlamaCppEngine(model_path, served_name="m", n_ctx=1024, n_batch=n_batch,
                           max_num_seqs=max_num_seqs, deterministic=True, prompt_cache=cache)
 
@@ -36,6 +36,25 @@ def ask(engine, question, system=LONG):
         return [o async for o in engine.generate(req)]
     outs = asyncio.run(run())
     return [t for o in outs for t in o.token_ids], outs[0].cached_tokens, len(ids)
+
+
+def prompt(engine, question, system=LONG):
+    return engine.tokenizer.encode(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>"
+                                   f"user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def run(engine, ids, cache=None, **sampling):
+    """Every output of one request of ``ids``."""
+    params = SamplingParams(**{"temperature": 0.0, "max_tokens": 16, **sampling})
+    req = EngineRequest(f"c{next(_ids)}", ids, params, cache=cache)
+
+    async def go():
+        return [o async for o in engine.generate(req)]
+    return asyncio.run(go())
+
+
+def entries(directory):
+    return sorted(directory.rglob("*.kv"))
 
 
 def close(engine):
@@ -105,3 +124,63 @@ def test_a_corrupt_entry_is_a_warning_and_a_prefill(model_path, tmp_path, caplog
         assert any("checksum" in r.getMessage() for r in caplog.records)
     finally:
         close(second)
+
+
+def test_a_breakpoint_keeps_a_prefix_the_policy_would_not_and_reports_it(model_path,
+                                                                          tmp_path):
+    """A client's breakpoint (Anthropic's cache_control) keeps a prompt shorter than
+    --prompt-cache-min-tokens, and its first output says how much of the marked part this
+    request wrote; the prompt seen again reads it and writes nothing."""
+    engine = make(model_path, tmp_path, min_tokens=100_000)
+    try:
+        ids = prompt(engine, "Which rule is about topic 7?")
+        outs = run(engine, ids)                         # the server's policy: too short
+        engine._cache.flush()
+        assert outs[0].cache_written == 0 and entries(tmp_path) == []
+        other = prompt(engine, "Which rule is about topic 9?", system="Be brief.\n" + LONG)
+        outs = run(engine, other, CacheHint(until=300))
+        engine._cache.flush()
+        assert outs[0].cached_tokens == 0 and outs[0].cache_written == 300
+        assert len(entries(tmp_path)) == 1
+    finally:
+        close(engine)
+    again = make(model_path, tmp_path, min_tokens=100_000)     # a restart
+    try:
+        outs = run(again, other, CacheHint(until=300))
+        assert outs[0].cached_tokens >= len(other) - 2 * BATCH and outs[0].cache_written == 0
+    finally:
+        close(again)
+
+
+def test_in_memory_retention_writes_nothing_to_disk(model_path, tmp_path):
+    engine = make(model_path, tmp_path)
+    try:
+        outs = run(engine, prompt(engine, "Which rule is about topic 7?"),
+                   CacheHint(until=300, retain=False))
+        engine._cache.flush()
+        assert entries(tmp_path) == []
+        assert outs[0].cache_written == (300 if engine._cache.memory_bytes else 0)
+    finally:
+        close(engine)
+    assert entries(tmp_path) == []          # not at the unload either
+
+
+def test_a_slots_tokens_are_kept_before_another_prompt_overwrites_them(model_path, tmp_path):
+    """The answer a slot decoded is kept with its prompt when another conversation takes
+    the slot: the conversation's next turn reads its prompt and the answer back."""
+    engine = make(model_path, tmp_path)        # one slot
+    try:
+        first = prompt(engine, "List the rules.")
+        outs = run(engine, first, max_tokens=2 * BATCH + 8, ignore_eos=True)
+        answer = [t for o in outs for t in o.token_ids]
+        assert len(answer) == 2 * BATCH + 8
+        run(engine, prompt(engine, "Say hi.", system="You are terse. " * 60))  # takes it
+        turn = first + answer + engine.tokenizer.encode(
+            "<|im_end|>\n<|im_start|>user\nAnd the next one?<|im_end|>\n"
+            "<|im_start|>assistant\n")
+        outs = run(engine, turn)
+        # the prompt alone would give at most len(first) - 1 in whole chunks
+        assert outs[0].cached_tokens >= (len(first) + len(answer) - 1) // BATCH * BATCH
+        assert outs[0].cached_tokens > len(first)
+    finally:
+        close(engine)

@@ -68,8 +68,9 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
-from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
-                                EngineStats, FinishReason, ModelInfo, TokenLogprob)
+from podium.engine.base import (ENGINE_STATS, CacheHint, Capabilities, Engine, EngineOutput,
+                                EngineRequest, EngineStats, FinishReason, ModelInfo,
+                                TokenLogprob)
 from podium.engine.draft import MAX_DRAFT, NGRAM, PREDICTION, Drafts, StepCosts
 from podium.engine.jobs import Job, JobOutputs
 from podium.engine.llamacpp.model import Interrupt, LlamaModel, LlamaTokenizer, shut_down
@@ -92,6 +93,7 @@ class _Parked:
     tokens: list[int]           # prompt and generated tokens; the last is not decoded yet
     generated: int
     cached_tokens: int          # still to report with its first output (0 once reported)
+    cache_written: int
 
 
 @dataclass(eq=False)
@@ -135,6 +137,10 @@ class _Slot:
     generated: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None
     cached_tokens: int = 0
+    cache_written: int = 0          # prompt tokens its prefill added to the prompt cache
+    # what the client asked of the prompt cache for the tokens it caches (its last job's
+    # ``CacheHint``, as ``PromptCache.save``'s ``keep``)
+    keep: bool | None = None
     last_used: int = 0
     chunk: int = 0                  # prefill chunk size for the job (smaller when scoring)
     split: int = 0                  # where the prompt's prefill ends; after it, a resumed
@@ -297,7 +303,7 @@ class LlamaCppEngine:
             job.emit(EngineOutput([], finish_reason="abort"))
         if self._cache is not None:         # what the slots hold outlives the model
             for slot in self._slots:
-                self._keep_prefix(slot)
+                self._keep_prefix(slot, slot.keep)
 
     def _count_waiting(self, delta: int) -> None:
         with self._stats_lock:          # changed from the event loop and the worker thread
@@ -365,7 +371,7 @@ class LlamaCppEngine:
         assert isinstance(victim, _Job) and slot.sampler is not None
         victim.parked = _Parked(slot.sampler, slot.drafts,
                                 slot.cached + slot.pending + [slot.next_token],
-                                slot.generated, slot.cached_tokens)
+                                slot.generated, slot.cached_tokens, slot.cache_written)
         slot.sampler = slot.drafts = None   # the parked job's now: not closed with the slot
         self._release(slot)             # what it decoded stays cached in the slot
         self._count_waiting(+1)
@@ -392,10 +398,14 @@ class LlamaCppEngine:
         job.restoring = None
         if restored is not None and restored[0] // step * step > keep:
             slot = min(free, key=lambda s: s.last_used)     # the least recently used
+            self._keep_prefix(slot, slot.keep)      # what it held outlives it
             keep = self._restore(slot, prompt, restored, step)
-        elif not llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, keep, -1):
-            llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
-            keep = 0
+        else:
+            if len(slot.cached) - keep >= self._n_batch:    # a chunk or more to overwrite:
+                self._keep_prefix(slot, slot.keep)          # what it held is kept first
+            if not llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, keep, -1):
+                llama_cpp.llama_memory_seq_rm(self._mem, slot.seq, 0, -1)
+                keep = 0
         slot.cached = slot.cached[:keep]
         slot.chunk = step
         if parked is None:
@@ -406,12 +416,14 @@ class LlamaCppEngine:
             prediction = req.sampling.prediction
             slot.drafts = (Drafts(prompt, prediction, self._ngram) if self._drafting and (
                 prediction or self._ngram) and not scoring else None)
-            slot.generated, slot.cached_tokens = 0, keep
+            slot.generated, slot.cached_tokens, slot.cache_written = 0, keep, 0
             self.stats["requests"] += 1
         else:
             slot.sampler, slot.drafts = parked.sampler, parked.drafts
             slot.generated = parked.generated
             slot.cached_tokens = parked.cached_tokens
+            slot.cache_written = parked.cache_written
+        slot.keep = _keep(req.cache)
         slot.job = job
         slot.pending = list(prompt[keep:-1])
         slot.next_token = prompt[-1]
@@ -465,19 +477,21 @@ class LlamaCppEngine:
             log.info("prompt cache: restored %d tokens into sequence %d", keep, seq)
         return keep
 
-    def _keep_prefix(self, slot: _Slot) -> None:
+    def _keep_prefix(self, slot: _Slot, keep: bool | None = None) -> bool:
         """Hand the prompt cache ``slot``'s cached tokens and their KV state, unless it
-        already holds them (the copy is the only work here: the cache writes it behind)."""
+        already holds them (the copy is the only work here: the cache writes it behind).
+        ``keep``: as ``PromptCache.save``'s (a client's ask; None: the server's policy).
+        Whether the cache took a new entry."""
         cache, tokens = self._cache, slot.cached
-        if cache is None or len(tokens) < cache.min_tokens \
+        if cache is None or len(tokens) < (cache.min_tokens if keep is None else cache.block) \
                 or cache.longest(tokens + [-1]) >= len(tokens) // cache.block * cache.block:
-            return
+            return False
         size = llama_cpp.llama_state_seq_get_size(self._model.ctx, slot.seq)
         buf = (ctypes.c_uint8 * size)()
         if llama_cpp.llama_state_seq_get_data(self._model.ctx, buf, size, slot.seq) != size:
             log.warning("prompt cache: llama.cpp gave no state for %d tokens", len(tokens))
-            return
-        cache.save(list(tokens), bytes(buf))
+            return False
+        return bool(cache.save(list(tokens), bytes(buf), keep=keep))
 
     def _drop_aborted(self) -> None:
         """Free the slots of aborted jobs; what they prefilled stays cached for reuse (an
@@ -524,7 +538,12 @@ class LlamaCppEngine:
                                      prompt[start + i + 1], top) for i in range(n)]
         del slot.pending[:n]
         if len(slot.cached) == slot.split and self._cache is not None:
-            self._keep_prefix(slot)     # a prompt just prefilled: kept for the next time
+            # a prompt just prefilled: kept for the next time; what the client marked and
+            # this request wrote is reported with its first token
+            hint, held = job.request.cache, len(slot.cached)
+            if self._keep_prefix(slot, slot.keep):
+                until = hint.until if hint is not None and hint.until is not None else held
+                slot.cache_written = max(0, min(until, held) - slot.cached_tokens)
         return True
 
     def _decode_step(self, slots: list[_Slot]) -> bool:
@@ -665,8 +684,9 @@ class LlamaCppEngine:
         elif slot.generated >= params.max_tokens or len(slot.cached) + 1 >= self._n_ctx:
             finish = "length"
         out = EngineOutput([token], logprobs, finish, slot.prompt_logprobs,
-                           stopped_by_token=finish == "stop", cached_tokens=slot.cached_tokens)
-        slot.prompt_logprobs, slot.cached_tokens = None, 0
+                           stopped_by_token=finish == "stop", cached_tokens=slot.cached_tokens,
+                           cache_written=slot.cache_written)
+        slot.prompt_logprobs, slot.cached_tokens, slot.cache_written = None, 0, 0
         if finish is not None:
             self._release(slot)       # first, so the counters are right when it arrives
         else:
@@ -740,6 +760,15 @@ def kv_fingerprint(path: Path, *, n_ctx: int, n_batch: int, deterministic: bool)
     st = path.stat()
     return (f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|ctx={n_ctx}|batch={n_batch}|"
             f"deterministic={deterministic}|llama_cpp={llama_cpp.__version__}|kv=f16")
+
+
+def _keep(hint: CacheHint | None) -> bool | None:
+    """A request's ``CacheHint`` as ``PromptCache.save``'s ``keep``: its retention when it
+    says one; a breakpoint alone asks to keep (however short); else the server's policy."""
+    if hint is None:
+        return None
+    return hint.retain if hint.retain is not None else (True if hint.until is not None
+                                                        else None)
 
 
 def _priority(slot: _Slot) -> int:
