@@ -23,8 +23,8 @@ from podium.dialect import Dialect
 from podium.engine.base import Engine
 from podium.errors import InvalidRequestError
 from podium.generation import Prepared, drive, fold, new_id, off_loop, prepare, start
-from podium.protocol.chat import (AssistantMessage, ChatCompletionRequest, NamedToolChoice,
-                                  ToolMessage)
+from podium.protocol.chat import (AssistantMessage, CacheBreakpoint, ChatCompletionRequest,
+                                  NamedToolChoice, PromptCacheOptions, ToolMessage)
 from podium.protocol.chat import Tool as WireTool
 from podium.protocol.chat import ToolCall as WireToolCall
 from podium.protocol.chat import Message as WireMessage
@@ -81,6 +81,8 @@ def options(req: ChatCompletionRequest, vocab_size: int,
     choice = req.tool_choice
     if req.structured_outputs is not None:
         response_format = _structured(req.structured_outputs, req, response_format, specials)
+    mark, retain = prompt_cache(req.prompt_cache_retention, req.prompt_cache_options,
+                                *_breakpoints(req))
     return applied(Options(
         model=req.model,
         sampling=sampling_params(req, 0, vocab_size, None),
@@ -98,7 +100,43 @@ def options(req: ChatCompletionRequest, vocab_size: int,
         chat_template=req.chat_template,
         chat_template_kwargs=req.chat_template_kwargs,
         add_generation_prompt=req.add_generation_prompt,
-        prediction=_prediction(req.prediction)), _budget(req, budgets))
+        prediction=_prediction(req.prediction),
+        cache_mark=mark, cache_retain=retain), _budget(req, budgets))
+
+
+Mark = tuple[int, int]
+
+
+def prompt_cache(retention: str | None, options: PromptCacheOptions | None,
+                 mark: Mark | None, marked_long: bool) -> tuple[Mark | None, bool | None]:
+    """OpenAI's prompt-cache fields as ``Options.cache_mark`` and ``cache_retain`` (Chat's
+    and Responses' alike): ``mark``, the last breakpoint as (message, part) in the
+    conversation; ``marked_long``: a breakpoint asked for ``ttl`` ``12h``.
+
+    ``mode`` ``explicit`` without a breakpoint keeps nothing (OpenAI: no caching), so
+    memory only; ``in_memory`` is memory only whatever the ttl (a client that must not be
+    written to disk is not, which is what the retention promises); ``24h``, or a ``12h``
+    ttl anywhere, keeps the prompt on disk too; otherwise the server's policy decides."""
+    if options is not None and options.mode == "explicit" and mark is None:
+        return None, False
+    if retention == "in_memory":
+        return mark, False
+    if retention == "24h" or marked_long or (options is not None and options.ttl == "12h"):
+        return mark, True
+    return mark, None
+
+
+def _breakpoints(req: ChatCompletionRequest) -> tuple[Mark | None, bool]:
+    """The last ``prompt_cache_breakpoint`` (messages and their parts are the
+    conversation's one for one), and whether any asked for ``ttl`` ``12h``."""
+    mark, long = None, False
+    for i, message in enumerate(req.messages):
+        if isinstance(message.content, list):
+            for j, part in enumerate(message.content):
+                point: CacheBreakpoint | None = getattr(part, "prompt_cache_breakpoint", None)
+                if point is not None:
+                    mark, long = (i, j), long or point.ttl == "12h"
+    return mark, long
 
 
 def _budget(req: ChatCompletionRequest, budgets: Mapping[str, int]) -> Budget:

@@ -10,10 +10,36 @@ from podium.protocol.common import LENIENT, SamplingFields, ThinkingTokenBudget
 from podium.protocol.structured import StructuredOutputs
 
 
+CacheTtl = Literal["30m", "12h"]
+# OpenAI's bound on ``prompt_cache_key`` (its 400 says "maximum length 64"); Podium finds
+# cached prefixes by their tokens, so the key changes nothing here, but it is echoed
+MAX_CACHE_KEY = 64
+CacheKey = Annotated[str, Field(max_length=MAX_CACHE_KEY)]
+
+
+class CacheBreakpoint(BaseModel):
+    """A content part's ``prompt_cache_breakpoint``: the prompt up to the end of the part is
+    worth keeping (``ttl``: for how long, at least; None: the request's ``ttl``)."""
+
+    model_config = LENIENT
+    mode: Literal["explicit"] = "explicit"
+    ttl: CacheTtl | None = None
+
+
+class PromptCacheOptions(BaseModel):
+    """``prompt_cache_options``: ``mode`` ``explicit`` keeps only what breakpoints mark
+    (none: nothing); ``ttl`` the least a breakpoint asks to be kept."""
+
+    model_config = LENIENT
+    mode: Literal["implicit", "explicit"] = "implicit"
+    ttl: CacheTtl = "30m"
+
+
 class TextPart(BaseModel):
     model_config = LENIENT
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 class ImagePart(BaseModel):
@@ -238,3 +264,6 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     thinking_token_budget: ThinkingTokenBudget = None      # vLLM's extension
     prediction: Prediction | None = None
+    prompt_cache_key: CacheKey | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None

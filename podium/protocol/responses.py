@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from podium.protocol.chat import GrammarDefinition
+from podium.protocol.chat import (CacheBreakpoint, CacheKey, GrammarDefinition,
+                                  PromptCacheOptions)
 from podium.protocol.common import LENIENT, ThinkingTokenBudget
 
 
@@ -14,6 +15,7 @@ class TextContent(BaseModel):
     model_config = LENIENT
     type: Literal["input_text", "output_text", "text", "summary_text", "reasoning_text"]
     text: str
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 class OtherContent(BaseModel):
@@ -161,6 +163,15 @@ InputItem = Annotated[
     | McpApprovalRequestItem | McpApprovalResponseItem, Field(discriminator="type")]
 
 
+class ResponsesCacheOptions(PromptCacheOptions):
+    """Chat's ``prompt_cache_options`` and Responses' own: ``prewarm`` (a prefill without
+    an answer, which Podium refuses) and ``comparison_response_id`` (a request for
+    diagnostics, which Podium does not make: the response says ``unavailable``)."""
+
+    prewarm: bool = False
+    comparison_response_id: str | None = Field(None, max_length=64)
+
+
 class ResponsesRequest(BaseModel):
     model_config = LENIENT
 
@@ -188,7 +199,9 @@ class ResponsesRequest(BaseModel):
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     user: str | None = None
-    prompt_cache_key: str | None = None
+    prompt_cache_key: CacheKey | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: ResponsesCacheOptions | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
     client_metadata: dict[str, Any] | None = None

@@ -28,10 +28,12 @@ def reasoning_fields(field: str) -> tuple[str, ...]:
 
 def chat_usage(u: Usage) -> dict[str, Any]:
     """The usage object of Chat Completions and Completions; the prediction's figures
-    always, 0 without one, as OpenAI writes them."""
+    always, 0 without one, as OpenAI writes them; ``cache_write_tokens``: the prompt's
+    tokens the engine added to its prompt cache (a breakpoint's prefix, a long prompt)."""
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens,
+                                      "cache_write_tokens": u.cache_written},
             "completion_tokens_details": {
                 "reasoning_tokens": u.reasoning_tokens,
                 "accepted_prediction_tokens": u.accepted_prediction_tokens,

@@ -72,8 +72,9 @@ class ResponseBuilder:
     def __init__(self, response: Obj, tokenizer: Tokenizer, *,
                  client_tool: Callable[[str], Any], new_id: Callable[[str], str],
                  logprobs: int | None = None, seal: Callable[[str], str] | None = None,
-                 sink: Callable[[list[Obj]], None] | None = None):
+                 sink: Callable[[list[Obj]], None] | None = None, cache_ttl: str = "30m"):
         self.response = response
+        self._cache_ttl = cache_ttl     # how usage counts the prompt cache's writes
         self._tokenizer = tokenizer
         self._client_tool = client_tool
         self._new_id = new_id
@@ -112,11 +113,13 @@ class ResponseBuilder:
 
     def close(self, usage: Usage) -> list[Obj]:
         """The terminal event of a response that ran to its end."""
-        return self._stamp(self._finish(self._round or self._last, usage_object(usage)))
+        return self._stamp(self._finish(self._round or self._last,
+                                        usage_object(usage, self._cache_ttl)))
 
     def end(self, usage: Usage, status: str, error: Obj | None) -> list[Obj]:
         """The terminal event of a response cut short (``failed``, ``cancelled``)."""
-        return self._stamp(self._finish(None, usage_object(usage), status=status, error=error))
+        return self._stamp(self._finish(None, usage_object(usage, self._cache_ttl),
+                                        status=status, error=error))
 
     def result(self) -> Obj:
         return self.response
@@ -478,10 +481,17 @@ def recover(events: Iterable[Obj]) -> tuple[list[Obj], list[Obj]]:
     return output, closing
 
 
-def usage_object(u: Usage) -> Obj:
-    """The Responses API's usage object."""
+def usage_object(u: Usage, cache_ttl: str = "30m") -> Obj:
+    """The Responses API's usage object. The prompt cache's writes are counted under the
+    lifetime the request asked (``cache_ttl``, ``30m`` or ``12h``): Podium's entries have no
+    clock (the disk tier drops the least recently used), so that is what it can say."""
+    written = u.cache_written
+    long = cache_ttl == "12h"
     return {"input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": u.cached_tokens, "cache_write_tokens": written,
+                "cache_write_tokens_details": {"ttl_30m_tokens": 0 if long else written,
+                                               "ttl_12h_tokens": written if long else 0}},
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.prompt_tokens + u.completion_tokens}

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from podium.api.responses import mcp
 from podium.api.responses.runner import Plan
-from podium.api.responses.translate import (ToolMap, Translation, as_input, new_item_id,
-                                            normalize_input, skeleton, to_conversation,
-                                            to_options, turn_starts)
+from podium.api.responses.translate import (ToolMap, Translation, as_input, cache_ttl,
+                                            new_item_id, normalize_input, skeleton,
+                                            to_options, translated, turn_starts, with_cache)
 from podium.api.sealing import Sealer
 from podium.conversation import Options
 from podium.dialect import Dialect
@@ -104,7 +104,8 @@ class Planner:
                     "reasoning.encrypted_content" in set(req.include or ()), mcp=sessions,
                     listings=listings, approved=approved,
                     max_tool_calls=req.max_tool_calls,
-                    max_output_tokens=req.max_output_tokens, owner=owner, rounds=rounds)
+                    max_output_tokens=req.max_output_tokens, owner=owner, rounds=rounds,
+                    cache_ttl=cache_ttl(req, rounds.base) if rounds.base else "30m")
 
     async def again(self, plan: Plan, output: list[dict[str, Any]], quiet: bool,
                     max_tokens: int | None = None) -> Choice:
@@ -188,13 +189,20 @@ class Planner:
             items += as_input(record.body.get("output") or [])
         return items
 
-    def _prepare(self, req: ResponsesRequest, items: list[dict[str, Any]], wheres: list[str],
-                 tools: ToolMap, options: Options, owner: str) -> Prepared:
-        """The conversation of ``items`` rendered and tokenized (on a worker thread: see
-        ``off_loop``)."""
-        conversation = to_conversation(req.instructions, items, wheres, tools, self._sealer,
-                                       owner)
-        return prepare(self._engine, self._dialect, conversation, options, self._settings)
+    def _prepare(self, rounds: _Rounds, translation: Translation, options: Options
+                 ) -> Prepared:
+        """``translation``'s conversation rendered and tokenized (on a worker thread: see
+        ``off_loop``), its cache breakpoint marked (``rounds.base``: every item, for the
+        retention their breakpoints ask)."""
+        assert rounds.base is not None
+        options = with_cache(options, rounds.req, translation, rounds.base)
+        return prepare(self._engine, self._dialect, translation.conversation(), options,
+                       self._settings)
+
+    def _translated(self, rounds: _Rounds, items: list[dict[str, Any]], wheres: list[str]
+                    ) -> Translation:
+        return translated(rounds.req.instructions, items, wheres, rounds.tools, self._sealer,
+                          rounds.owner)
 
     def _prepare_fitting(self, rounds: _Rounds, options: Options, extra: list[dict[str, Any]],
                          extra_wheres: list[str]) -> Prepared:
@@ -206,35 +214,34 @@ class Planner:
         found by bisection over the turn boundaries: a few renders for any length of
         history, not one per dropped turn.
         """
-        req, tools, owner = rounds.req, rounds.tools, rounds.owner
         items, wheres = rounds.items + extra, rounds.wheres + extra_wheres
         if not items:
             raise InvalidRequestError("input is empty: give at least one item", param="input")
         if rounds.base is None:
-            rounds.base = Translation(req.instructions, tools, self._sealer, owner,
-                                      rounds.items)
-            rounds.base.add(rounds.items, rounds.wheres)
+            rounds.base = self._translated(rounds, rounds.items, rounds.wheres)
         try:
-            return prepare(self._engine, self._dialect, rounds.base.extended(extra, extra_wheres),
-                           options, self._settings)
+            return self._prepare(rounds, rounds.base.extended(extra, extra_wheres), options)
         except ContextLengthExceeded:
             cuts = turn_starts(items)
-            if req.truncation != "auto" or len(cuts) == 1:
+            if rounds.req.truncation != "auto" or len(cuts) == 1:
                 raise
+
+        def tail(j: int) -> Prepared:
+            return self._prepare(rounds, self._translated(rounds, items[cuts[j]:],
+                                                          wheres[cuts[j]:]), options)
+
         fits: dict[int, Prepared] = {}
 
         def attempt(j: int) -> bool:
             try:
-                fits[j] = self._prepare(req, items[cuts[j]:], wheres[cuts[j]:], tools, options,
-                                        owner)
+                fits[j] = tail(j)
                 return True
             except ContextLengthExceeded:
                 return False
 
         low, high = 0, len(cuts) - 1         # cuts[low] does not fit
         if not attempt(high):                # raises: nothing fits
-            return self._prepare(req, items[cuts[high]:], wheres[cuts[high]:], tools, options,
-                                 owner)
+            return tail(high)
         while high - low > 1:
             middle = (low + high) // 2
             if attempt(middle):

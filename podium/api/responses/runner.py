@@ -53,6 +53,7 @@ class Plan:
     max_output_tokens: int | None = None    # the whole response's, every round's share
     owner: str = ""                     # the API key's id: reasoning is sealed for it alone
     rounds: Any = None                  # what the planner keeps for the next MCP round
+    cache_ttl: str = "30m"              # the longest the request asked cache writes kept
 
 
 class Run:
@@ -68,7 +69,8 @@ class Run:
         self._keepalive = keepalive         # seconds between keep-alive events (0: none)
         self.builder = ResponseBuilder(plan.response, engine.tokenizer,
                                        client_tool=plan.tools.client, new_id=new_item_id,
-                                       logprobs=plan.logprobs, seal=seal, sink=log)
+                                       logprobs=plan.logprobs, seal=seal, sink=log,
+                                       cache_ttl=plan.cache_ttl)
         self._usage = UsageFold()           # every round's (one choice each)
         self.final: Coroutine[Any, Any, None] | None = None    # its last writes, once ended
 

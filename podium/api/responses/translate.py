@@ -12,6 +12,7 @@ Every error names the Responses request's own parameter (``input[2].content``,
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import re
@@ -24,6 +25,7 @@ from typing import Any, Iterable
 from pydantic import TypeAdapter, ValidationError
 
 from podium.api import common
+from podium.api.chat import Mark, prompt_cache
 from podium.api.reasoning import DEFAULT_BUDGETS, NO_LIMIT, Budget, applied, of_effort
 from podium.api.responses.mcp import error_text
 from podium.api.sealing import Sealer
@@ -78,10 +80,12 @@ def check_item(data: dict[str, Any], where: str, sealer: Sealer, owner: str, see
     try:
         item = _ITEMS.validate_python(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"][1:])
-        raise InvalidRequestError(f"Invalid input item {where}: {field}: {first['msg']}",
-                                  param=where) from None
+        # the error that got furthest: a bad part's (``content[0].input_text.text``), not
+        # that the content is not the string it might also have been
+        first = max(exc.errors(), key=lambda e: len(e["loc"]))
+        raise InvalidRequestError(
+            f"Invalid input item {where}: {_field(first['loc'][1:])}: {first['msg']}",
+            param=where) from None
     out = item.model_dump(exclude_none=True)
     if item.id is not None:
         if len(item.id) > MAX_ITEM_ID:
@@ -104,6 +108,18 @@ def check_item(data: dict[str, Any], where: str, sealer: Sealer, owner: str, see
             _text_only(out[field], f"{where}.{field}")
     if out.get("encrypted_content"):
         sealer.unseal(out["encrypted_content"], owner, param=f"{where}.encrypted_content")
+    return out
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    """pydantic's location in an item as a path (``content[0].input_text.text``), without
+    the names of union members (``str``, ``list[...]``), which say nothing to a client."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part != "str" and "[" not in part:
+            out += f".{part}" if out else part
     return out
 
 
@@ -265,21 +281,24 @@ def _text_only(parts: list[dict[str, Any]], where: str) -> None:
 _TEXT_TYPES = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 
 
-def to_conversation(instructions: str | None, items: list[dict[str, Any]], wheres: list[str],
-                    tools: ToolMap, sealer: Sealer, owner: str) -> Conversation:
-    """The conversation of ``items`` (the whole of it, oldest first); ``wheres[i]`` is the
-    request's parameter for item i (``input[k]``, or ``previous_response_id`` for items of
-    the stored conversation); sealed reasoning opens for ``owner`` alone."""
+def translated(instructions: str | None, items: list[dict[str, Any]], wheres: list[str],
+               tools: ToolMap, sealer: Sealer, owner: str) -> Translation:
+    """The translation of ``items`` (the whole conversation, oldest first); ``wheres[i]`` is
+    the request's parameter for item i (``input[k]``, or ``previous_response_id`` for items
+    of the stored conversation); sealed reasoning opens for ``owner`` alone."""
     translation = Translation(instructions, tools, sealer, owner, items)
     translation.add(items, wheres)
-    return translation.conversation()
+    return translation
 
 
 class Translation:
     """Items to messages, in order, extendable: the next round of the model after an MCP
     round is the same translation ``extended`` by the response's output, the history not
     translated again. ``answering`` holds the items whose approvals decide which approval
-    requests the model waited for (a request never answered is left out)."""
+    requests the model waited for (a request never answered is left out).
+
+    ``mark``: the last ``prompt_cache_breakpoint`` of a content part, as (message, part)
+    in the conversation; ``marked_long``: a breakpoint asked for ``ttl`` ``12h``."""
 
     def __init__(self, instructions: str | None, tools: ToolMap, sealer: Sealer, owner: str,
                  answering: list[dict[str, Any]]):
@@ -293,10 +312,12 @@ class Translation:
         self._answered = {item["approval_request_id"] for item in answering
                           if item["type"] in ("mcp_approval_response", "mcp_call")
                           and item.get("approval_request_id")}
+        self.mark: Mark | None = None
+        self.marked_long = False
 
-    def extended(self, items: list[dict[str, Any]], wheres: list[str]) -> Conversation:
-        """The conversation of this translation's items followed by ``items``; this one
-        is left as it was."""
+    def extended(self, items: list[dict[str, Any]], wheres: list[str]) -> Translation:
+        """The translation of this one's items followed by ``items``; this one is left as
+        it was."""
         other = copy.copy(self)
         other._messages = list(self._messages)
         other._known_calls, other._closed = set(self._known_calls), set(self._closed)
@@ -307,7 +328,7 @@ class Translation:
             if id(self._messages[-1]) in self._closed:
                 other._closed.add(id(last))
         other.add(items, wheres)
-        return other.conversation()
+        return other
 
     def conversation(self) -> Conversation:
         return Conversation(self._messages + self._results, self._instructions or None)
@@ -328,6 +349,16 @@ class Translation:
     def _close_last(self) -> None:
         if self._messages and self._messages[-1].role == "assistant":
             self._closed.add(id(self._messages[-1]))
+
+    def _marked(self, content: Any) -> None:
+        """Notes the breakpoints of the last message's content (its parts are the
+        content's, one for one: ``_parts``); a later one is the mark."""
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                point = part.get("prompt_cache_breakpoint")
+                if point is not None:
+                    self.mark = (len(self._messages) - 1, j)
+                    self.marked_long = self.marked_long or point.get("ttl") == "12h"
 
     def add(self, items: list[dict[str, Any]], wheres: list[str]) -> None:
         messages, known_calls = self._messages, self._known_calls
@@ -379,6 +410,7 @@ class Translation:
                 if role == "assistant" and self._reasoning is not None:
                     message.reasoning, self._reasoning = self._reasoning, None
                 messages.append(message)
+                self._marked(item["content"])
             elif kind == "reasoning":
                 self._reasoning = _reasoning(item, self._sealer, self._owner, where)
             elif kind in ("function_call", "custom_tool_call"):
@@ -396,6 +428,7 @@ class Translation:
                 self._close_last()
                 messages.append(Message("tool", _parts(item["output"], where, "output"), where,
                                         tool_call_id=item["call_id"]))
+                self._marked(item["output"])
 
 
 def _reasoning(item: dict[str, Any], sealer: Sealer, owner: str, where: str
@@ -416,6 +449,11 @@ def to_options(req: ResponsesRequest, tools: ToolMap,
                budgets: Mapping[str, int] = DEFAULT_BUDGETS) -> Options:
     include = set(req.include or ())
     effort = (req.reasoning or {}).get("effort")
+    if req.prompt_cache_options is not None and req.prompt_cache_options.prewarm:
+        raise InvalidRequestError(
+            "prompt_cache_options.prewarm is not supported: send the request itself, whose "
+            "prompt the cache keeps (a breakpoint marks what to keep)",
+            param="prompt_cache_options.prewarm")
     if effort is not None and effort not in EFFORTS:
         raise InvalidRequestError(f"reasoning.effort must be one of {', '.join(EFFORTS)}",
                                   param="reasoning.effort")
@@ -435,6 +473,24 @@ def to_options(req: ResponsesRequest, tools: ToolMap,
         reasoning_effort=effort,
         messages_param="input",
         max_tokens_param="max_output_tokens"), _budget(req.thinking_token_budget, effort, budgets))
+
+
+def with_cache(options: Options, req: ResponsesRequest, translation: Translation,
+               whole: Translation) -> Options:
+    """``options`` with the prompt cache's mark in ``translation``'s conversation (the one
+    rendered: truncation may have cut the history) and the retention the request asked
+    for, its breakpoints read in ``whole``, the conversation before any cut."""
+    mark, retain = prompt_cache(req.prompt_cache_retention, req.prompt_cache_options,
+                                translation.mark, whole.marked_long)
+    return dataclasses.replace(options, cache_mark=mark, cache_retain=retain)
+
+
+def cache_ttl(req: ResponsesRequest, whole: Translation) -> str:
+    """The longest a request asked its cache writes kept: ``12h`` when its ``ttl`` or a
+    breakpoint's says so, else ``30m`` (how usage splits ``cache_write_tokens``)."""
+    options = req.prompt_cache_options
+    return "12h" if whole.marked_long or (options is not None and options.ttl == "12h") \
+        else "30m"
 
 
 def _budget(count: int | None, effort: str | None, budgets: Mapping[str, int]) -> Budget:
@@ -471,7 +527,23 @@ def skeleton(req: ResponsesRequest) -> dict[str, Any]:
         background=req.background, text=req.text or {"format": {"type": "text"}},
         reasoning=req.reasoning, truncation=req.truncation or "disabled", user=req.user,
         prompt_cache_key=req.prompt_cache_key, safety_identifier=req.safety_identifier,
-        top_logprobs=req.top_logprobs, service_tier="default", store=req.store)
+        top_logprobs=req.top_logprobs, service_tier="default", store=req.store,
+        **_cache_echo(req))
+
+
+def _cache_echo(req: ResponsesRequest) -> dict[str, Any]:
+    """The prompt cache's fields as OpenAI's response object gives them: the retention as
+    asked, the options applied (defaults filled in); a comparison asked for diagnostics
+    Podium does not make (no store of why a cache missed): ``unavailable``, a type of
+    OpenAI's own for it."""
+    options = req.prompt_cache_options
+    echo: dict[str, Any] = {"prompt_cache_retention": req.prompt_cache_retention}
+    if options is not None:
+        echo["prompt_cache_options"] = options.model_dump(
+            include={"mode", "ttl", "comparison_response_id"}, exclude_none=True)
+        if options.comparison_response_id is not None:
+            echo["prompt_cache_diagnostics"] = {"type": "unavailable"}
+    return echo
 
 
 def as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
