@@ -25,6 +25,12 @@ model's dialect, and ``render.messages`` renders the choice's events as Anthropi
 - ``max_tokens`` is a ceiling: cut to what the context has left (Claude Code asks 128,000).
 - ``output_config.format`` (a JSON schema) constrains the text like Chat's response_format;
   ``thinking.display: "omitted"`` sends thinking blocks with their signature alone.
+- ``cache_control`` breakpoints (on tools, system blocks, content blocks, blocks inside a
+  tool result, and the request's own: automatic caching, on the last block that can hold
+  one) are checked as Anthropic checks them; the last becomes ``Options.cache_mark``, where
+  the conversation built from the request has that block (a breakpoint on tools or system:
+  after the instructions and tools), and any ``ttl: "1h"`` asks the cache to keep the
+  prefix (``cache_retain``). ``count_tokens`` checks them and counts as without them.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, AsyncGenerator
 
 from podium.api import common
@@ -72,9 +80,11 @@ class MessagesService:
         choice = prepared.choices[0]
         start(self._engine, [choice])
         omit = req.thinking is not None and req.thinking.display == "omitted"
+        hint = choice.request.cache
         builder = MessageBuilder(new_message_id(), req.model, prepared.prompt_tokens,
                                  functools.partial(self._sealer.seal, owner=owner),
-                                 omit_thinking=omit)
+                                 omit_thinking=omit,
+                                 one_hour=hint is not None and hint.retain is True)
         if req.stream:
             return drive(self._engine, [choice], builder,
                          keepalive=self._settings.stream_keepalive_seconds)
@@ -88,13 +98,16 @@ class MessagesService:
     def _count(self, req: CountTokensRequest, owner: str) -> int:
         options = self._options(req, None)
         check_options(options)
-        return len(self._dialect.prompt(self._conversation(req, owner), options).token_ids)
+        conversation = self._conversation(req, owner)
+        cache_marks(req, conversation.messages)    # checked as for a message; not counted
+        return len(self._dialect.prompt(conversation, options).token_ids)
 
     def _prepare(self, req: MessagesRequest, owner: str) -> Prepared:
         options = self._options(req, req)
+        conversation = self._conversation(req, owner)
+        options.cache_mark, options.cache_retain = cache_marks(req, conversation.messages)
         try:
-            return prepare(self._engine, self._dialect, self._conversation(req, owner),
-                           options, self._settings)
+            return prepare(self._engine, self._dialect, conversation, options, self._settings)
         except ContextLengthExceeded as exc:
             if exc.tokens is None:
                 raise
@@ -321,6 +334,149 @@ def _text_blocks(content: str | list[dict[str, Any]], where: str) -> list[TextPa
                 f"supported here", param=at)
         parts.append(TextPart(_field(block, "text", str, at)))
     return parts
+
+
+# -- cache_control ----------------------------------------------------------------------
+
+MAX_BREAKPOINTS = 4                 # Anthropic's most blocks with cache_control
+_TTLS = ("5m", "1h")
+_HEAD = (-1, 0)                     # ``Options.cache_mark``: after the instructions and tools
+_UNMARKABLE = ("thinking", "redacted_thinking")
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """A block of the request that could hold a breakpoint, in Anthropic's order (tools,
+    system, messages)."""
+
+    path: str                       # Anthropic's name for it: "messages.2.content.0"
+    kind: str | None                # its type ("tool" for a tool)
+    control: Any                    # its cache_control (None: none)
+    text: str | None                # a text block's text
+    at: tuple[int, int]             # ``Options.cache_mark`` for a breakpoint after it
+
+
+def cache_marks(req: CountTokensRequest | MessagesRequest, messages: list[Message]
+                ) -> tuple[tuple[int, int] | None, bool | None]:
+    """The request's ``cache_control`` breakpoints, checked with Anthropic's rules and
+    wording, as ``(Options.cache_mark, Options.cache_retain)``: the last breakpoint's place in
+    ``messages`` (the conversation ``_messages`` built from the request), and True when one
+    asks for ``ttl: "1h"`` (None otherwise: the server's policy)."""
+    blocks = list(_blocks(req, messages))
+    marks = [(block, _checked(block)) for block in blocks if block.control is not None]
+    if req.cache_control is not None:
+        marks += _automatic(_ttl(req.cache_control, "cache_control"), blocks)
+    if len(marks) > MAX_BREAKPOINTS:
+        raise InvalidRequestError(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control "
+                                  f"may be provided. Found {len(marks)}.",
+                                  param="cache_control")
+    shorter = False
+    for block, ttl in marks:
+        if ttl == "1h" and shorter:
+            raise _refused(f"{block.path}.cache_control.ttl",
+                           "a ttl='1h' cache_control block must not come after a ttl='5m' "
+                           "cache_control block. Note that blocks are processed in the "
+                           "following order: `tools`, `system`, `messages`.")
+        shorter = shorter or ttl == "5m"
+    if not marks:
+        return None, None
+    return max(block.at for block, _ in marks), any(ttl == "1h" for _, ttl in marks) or None
+
+
+def _automatic(ttl: str, blocks: list[_Block]) -> list[tuple[_Block, str]]:
+    """The request's own ``cache_control``: a breakpoint on the last block that can hold
+    one (none, when no block can); nothing more when that block has one of the same ttl."""
+    target = next((b for b in reversed(blocks) if _markable(b)), None)
+    if target is None:
+        return []
+    if target.control is None:
+        return [(target, ttl)]
+    own = _ttl(target.control, f"{target.path}.cache_control")
+    if own != ttl:
+        raise _refused("cache_control.ttl", f"the automatic breakpoint's ttl='{ttl}' differs "
+                       f"from the ttl='{own}' of the cache_control already on the last "
+                       f"cacheable block ({target.path})")
+    return []
+
+
+def _markable(block: _Block) -> bool:
+    return block.kind not in _UNMARKABLE and not (block.kind == "text" and block.text == "")
+
+
+def _checked(block: _Block) -> str:
+    """A block's own breakpoint, refused where Anthropic refuses it; its ttl."""
+    if block.kind in _UNMARKABLE:
+        raise _refused(f"{block.path}.{block.kind}.cache_control",
+                       "Extra inputs are not permitted")
+    ttl = _ttl(block.control, f"{block.path}.cache_control")
+    if not _markable(block):
+        raise _refused(f"{block.path}.text", "cache_control cannot be set for empty text blocks")
+    return ttl
+
+
+def _ttl(control: Any, path: str) -> str:
+    """A ``cache_control``'s ttl ("5m" when not given), or a 400 for a malformed one."""
+    if not isinstance(control, dict):
+        raise _refused(path, "Input should be a valid dictionary")
+    if "type" not in control:
+        raise _refused(f"{path}.type", "Field required")
+    if control["type"] != "ephemeral":
+        raise _refused(f"{path}.type", "Input should be 'ephemeral'")
+    ttl = control.get("ttl")
+    if ttl is None:
+        return "5m"
+    if ttl not in _TTLS:
+        raise _refused(f"{path}.ttl", "Input should be '5m' or '1h'")
+    return ttl
+
+
+def _refused(path: str, text: str) -> InvalidRequestError:
+    """Anthropic's wording (``messages.1.content.0.cache_control.ttl: ...``), with the param
+    in Podium's own form (``messages[1].content[0].cache_control.ttl``)."""
+    return InvalidRequestError(f"{path}: {text}", param=re.sub(r"\.(\d+)", r"[\1]", path))
+
+
+def _blocks(req: CountTokensRequest | MessagesRequest, messages: list[Message]
+            ) -> Iterator[_Block]:
+    """Every block of the request, in Anthropic's order, with the place a breakpoint after
+    it has in ``messages`` (found by the ``where`` ``_messages`` gave each message)."""
+    for i, tool in enumerate(req.tools or ()):
+        yield _Block(f"tools.{i}", "tool", tool.cache_control, None, _HEAD)
+    if isinstance(req.system, list):
+        for j, block in enumerate(req.system):
+            yield _Block(f"system.{j}", "text", block.get("cache_control"), block.get("text"),
+                         _HEAD)
+    elif req.system:
+        yield _Block("system", "text", None, req.system, _HEAD)
+    index = {message.where: k for k, message in enumerate(messages)}
+    for i, message in enumerate(req.messages):
+        yield from _message_blocks(i, message.content, index)
+
+
+def _message_blocks(i: int, content: str | list[dict[str, Any]], index: dict[str, int]
+                    ) -> Iterator[_Block]:
+    """A message's blocks. Its text blocks are the parts of one Message (``messages[i]``),
+    in order; a tool result is a Message of its own (``messages[i].content[j]``, before the
+    turn's text), and so are blocks inside it; a ``tool_use`` block follows all of its
+    message's text (the call is rendered after it)."""
+    own = index.get(f"messages[{i}]", -1)   # -1: none (a turn of tool results alone)
+    if isinstance(content, str):
+        yield _Block(f"messages.{i}.content.0", "text", None, content, (own, 0))
+        return
+    texts = sum(1 for block in content if block.get("type") == "text")
+    seen = 0
+    for j, block in enumerate(content):
+        kind, path = block.get("type"), f"messages.{i}.content.{j}"
+        at = (own, max(texts - 1, 0))
+        if kind == "text":
+            at, seen = (own, seen), seen + 1
+        elif kind == "tool_result":
+            at = (index[f"messages[{i}].content[{j}]"], 0)
+            inner = block.get("content")
+            for k, part in enumerate(inner if isinstance(inner, list) else ()):
+                yield _Block(f"{path}.content.{k}", part.get("type"),
+                             part.get("cache_control"), part.get("text"), at)
+        yield _Block(path, kind, block.get("cache_control"), block.get("text"), at)
 
 
 def _field(block: dict[str, Any], name: str, kind: type, where: str) -> Any:

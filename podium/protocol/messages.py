@@ -4,7 +4,9 @@ Content blocks stay plain objects here, each checked for its own fields by the a
 (``api/messages.py``): Claude Code and the SDKs send block types this server does not know
 yet (server tool results, documents, search results), and each of those gets a clear 400
 naming its place (``messages[3].content[1]``), never a wall of union-validation errors.
-Unknown top-level fields are ignored, as Anthropic does.
+Unknown top-level fields are ignored, as Anthropic does. ``cache_control`` (on tools, on
+blocks, and the request's own for automatic caching) stays a plain object too: the adapter
+checks it with Anthropic's wording.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ToolParam(BaseModel):
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     strict: bool | None = None      # every schema keyword enforced, or a 400
+    cache_control: Any = None       # a prompt-cache breakpoint after this tool
 
 
 class ToolChoice(BaseModel):
@@ -57,6 +60,7 @@ class _Common(BaseModel):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: dict[str, Any] | None = None
+    cache_control: Any = None       # automatic caching: a breakpoint on the last block
 
 
 class MessagesRequest(_Common):

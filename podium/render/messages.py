@@ -10,6 +10,12 @@ Blocks: one open at a time, indices from 0, each ``content_block_start`` closed 
 with the server's key, so the client's round trip is verified, not trusted (with
 ``thinking.display: "omitted"`` the block shows no text, and the signature carries it back). A ``tool_use``
 block's ``input_json_delta`` pieces concatenate to its final input.
+
+Usage: ``message_start`` is sent before the engine's first output, so it shows the whole
+prompt as ``input_tokens`` and nothing read from or written to the cache yet, and no
+``cache_creation``; the closing ``message_delta`` carries the true figures, ``cache_creation``
+included. The Python SDK's accumulation (``get_final_message()``) takes the counts from it,
+but ``cache_creation`` from ``message_start`` alone: there it is None.
 """
 
 from __future__ import annotations
@@ -24,11 +30,16 @@ from podium.parsing.scan import json_text
 Obj = dict[str, Any]
 
 
-def usage_object(usage: Usage) -> Obj:
-    """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the cache."""
-    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": usage.cached_tokens,
+def usage_object(usage: Usage, one_hour: bool = False) -> Obj:
+    """Anthropic's usage: the prompt's tokens read from the cache, those written to it (all
+    under the ttl its breakpoints asked: ``one_hour`` when one asked for "1h", the entry the
+    engine keeps being one), and the rest (``input_tokens``)."""
+    read, written = usage.cached_tokens, usage.cache_written
+    return {"input_tokens": max(usage.prompt_tokens - read - written, 0),
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0 if one_hour else written,
+                               "ephemeral_1h_input_tokens": written if one_hour else 0},
             "output_tokens": usage.completion_tokens}
 
 
@@ -45,13 +56,16 @@ def stop_reason(finish: Finish | None, called: bool) -> tuple[str, str | None]:
 
 class MessageBuilder:
     def __init__(self, message_id: str, model: str, prompt_tokens: int,
-                 seal: Callable[[str], str], omit_thinking: bool = False):
+                 seal: Callable[[str], str], omit_thinking: bool = False,
+                 one_hour: bool = False):
+        start = usage_object(Usage(prompt_tokens, 0))
+        del start["cache_creation"]         # not known yet (see the module's docstring)
         self.message: Obj = {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_object(Usage(prompt_tokens, 0))}
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": start}
         self._seal = seal
         self._omit_thinking = omit_thinking  # ``display: omitted``: the signature alone
+        self._one_hour = one_hour           # a breakpoint asked for ttl "1h"
         self._block: Obj | None = None      # the open block
         self._parts: list[str] = []         # its text (or tool input) so far
         self._called = False
@@ -99,10 +113,11 @@ class MessageBuilder:
         reason, sequence = stop_reason(self._finish, self._called)
         message = self.message
         message["stop_reason"], message["stop_sequence"] = reason, sequence
-        message["usage"] = usage_object(usage)
+        message["usage"] = usage_object(usage, self._one_hour)
         return events + [
             {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-             "usage": dict(message["usage"])},
+             "usage": {**message["usage"], "cache_creation": dict(
+                 message["usage"]["cache_creation"])}},
             {"type": "message_stop"}]
 
     # -- blocks -------------------------------------------------------------------------

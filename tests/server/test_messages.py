@@ -84,6 +84,8 @@ def comparable(message, http) -> dict:
     is random: two seals of one text differ)."""
     data = message.model_dump() if hasattr(message, "model_dump") else dict(message)
     data.pop("id")
+    # the SDK's stream reads cache_creation from message_start alone, sent before it is known
+    data["usage"] = {k: v for k, v in data["usage"].items() if k != "cache_creation"}
     for block in data["content"]:
         block.pop("id", None)
         block.pop("parsed_output", None)
@@ -231,7 +233,8 @@ def claude_code_request(sdk_signature: str, foreign_signature: str) -> dict:
               "input_schema": {"$schema": "http://json-schema.org/draft-07/schema#",
                                "type": "object", "properties": {"arg": {"type": "string"}},
                                "required": ["arg"], "additionalProperties": False},
-              "cache_control": {"type": "ephemeral"}} for i in range(20)]
+              **({"cache_control": {"type": "ephemeral"}} if i == 19 else {})}
+             for i in range(20)]                     # at most 4 breakpoints in a request
     tools.append({"type": "web_search_20250305", "name": "web_search", "max_uses": 5})
     return {
         "model": "claude-sonnet-4-5-20250929", "max_tokens": 32000, "stream": True,

@@ -549,6 +549,24 @@ def test_counters_are_measured_and_agree_with_metrics(app):
     assert 'podium_requests_total{endpoint="/api/generate",status="200"} 2.0' in text
 
 
+def test_prompt_eval_count_is_the_whole_prompt_however_much_was_cached(app):
+    """As Ollama's: its runner's ``numPromptInputs`` is every prompt token, taken before the
+    cache is consulted (runner/ollamarunner), and its llama-server path reports
+    ``cache_n + prompt_n`` (llm/llama_server.go, ``promptEvalCount``)."""
+    from tests.server.test_messages_cache_control import reading
+
+    c = app(["one two three"] * 5)
+    reading(c.engine, 5)                    # each prompt's first 5 tokens from the cache
+    usage = c.post("/v1/chat/completions", json=chat()).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 5
+    for path, body in ((CHAT, chat(stream=False)), (GENERATE, gen(stream=False)),
+                       (GENERATE, gen(raw=True, stream=False))):
+        answer = c.post(path, json=body).json()
+        assert answer["prompt_eval_count"] == len(c.engine.requests[-1].prompt_token_ids)
+    assert lines(c.post(CHAT, json=chat()))[-1]["prompt_eval_count"] == len(
+        c.engine.requests[-1].prompt_token_ids)
+
+
 def test_a_quiet_stream_sends_empty_chunks_until_the_first_token(app):
     c = app(["ok"], delay=0.3, stream_keepalive_seconds=0.05)
     objs = lines(c.post(CHAT, json=chat()))
