@@ -62,8 +62,9 @@ def test_a_speculative_config_is_an_engine_arg_read_as_json(tmp_path):
     assert options.check(model.source)["engine_args"] == {"speculative_config": SPECULATIVE}
 
 
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
-def test_a_speculative_config_reaches_vllms_engine_args(model_path, monkeypatch):
+def engine_args_seen(model_path, monkeypatch, *flags: str):
+    """The ``AsyncEngineArgs`` vLLM is started with under ``flags``: the engine is made up to
+    the point where vLLM would start, and nothing runs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")         # vLLM's and torch's import-time noise
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -79,14 +80,83 @@ def test_a_speculative_config_reaches_vllms_engine_args(model_path, monkeypatch)
         seen["args"] = engine_args
         raise Started
     monkeypatch.setattr(AsyncLLM, "from_engine_args", from_engine_args)
-    opts = options.check(settings("--engine-arg", f"speculative_config={json.dumps(SPECULATIVE)}"))
+    opts = options.check(settings(*flags))
     loop = asyncio.new_event_loop()             # the engine's, closed here: nothing is left
     try:
         with pytest.raises(Started):
             VllmEngine.from_gguf(model_path, loop=loop, **opts)
     finally:
         loop.close()
-    assert seen["args"].speculative_config == SPECULATIVE
+    return seen["args"]
+
+
+def vllm_config(engine_args):
+    """What vLLM makes of its engine arguments on start (its ``VllmConfig``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return engine_args.create_engine_config()
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+def test_a_speculative_config_reaches_vllms_engine_args(model_path, monkeypatch):
+    args = engine_args_seen(model_path, monkeypatch,
+                            "--engine-arg", f"speculative_config={json.dumps(SPECULATIVE)}")
+    assert args.speculative_config == SPECULATIVE
+
+
+# vLLM's KV offload tiers (issue 43: Podium keeps no second cache for vLLM). The native
+# connector's host-memory tier with a disk tier behind it; vLLM's shorthand for the host tier
+# alone; and LMCache's connector (the lmcache package, not installed here: checked as far as
+# vLLM's config).
+TIERED = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+          "kv_connector_extra_config": {
+              "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 8 << 30,
+              "secondary_tiers": [{"type": "fs", "root_dir": "/var/cache/vllm-kv"}]}}
+LMCACHE = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+
+
+def test_kv_offload_options_are_engine_args_read_as_json(tmp_path):
+    s = settings("--engine-arg", f"kv_transfer_config={json.dumps(TIERED)}",
+                 "--engine-arg", "kv_offloading_size=8", "--engine-arg",
+                 "kv_offloading_backend=native", "--engine-arg", "enable_prefix_caching=true")
+    assert options.check(s)["engine_args"] == {
+        "kv_transfer_config": TIERED, "kv_offloading_size": 8,
+        "kv_offloading_backend": "native", "enable_prefix_caching": True}
+    config = tmp_path / "podium.toml"               # a model's own, in its [[models]] table
+    arg = f"kv_transfer_config={json.dumps(LMCACHE)}"
+    config.write_text(f'[[models]]\nname = "q"\nmodel = "Qwen/Qwen2.5-0.5B-Instruct"\n'
+                      f'engine = "vllm"\nengine-arg = [{json.dumps(arg)}]\n')
+    [model] = catalog(Settings.from_sources(["--config", str(config)], {}))
+    assert options.check(model.source)["engine_args"] == {"kv_transfer_config": LMCACHE}
+    # PODIUM_ENGINE_ARG is a comma-separated list: an object there is cut, and said so
+    env = Settings.from_sources(["--engine", "vllm"], {
+        "PODIUM_ENGINE_ARG": f"kv_transfer_config={json.dumps(LMCACHE)}"})
+    with pytest.raises(ValueError, match="PODIUM_ENGINE_ARG splits at commas"):
+        options.check(env)
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+@pytest.mark.parametrize("given", [TIERED, LMCACHE])
+def test_a_kv_transfer_config_reaches_vllm_intact(model_path, monkeypatch, given):
+    args = engine_args_seen(model_path, monkeypatch,
+                            "--engine-arg", f"kv_transfer_config={json.dumps(given)}")
+    assert args.kv_transfer_config == given
+    assert args.enable_prefix_caching is True       # Podium's: the first tier stays on
+    made = vllm_config(args).kv_transfer_config     # vLLM's own KVTransferConfig
+    assert (made.kv_connector, made.kv_role) == (given["kv_connector"], "kv_both")
+    assert made.kv_connector_extra_config == given.get("kv_connector_extra_config", {})
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+def test_kv_offloading_size_reaches_vllm_as_its_host_memory_tier(model_path, monkeypatch):
+    args = engine_args_seen(model_path, monkeypatch, "--engine-arg", "kv_offloading_size=2",
+                            "--engine-arg", "kv_offloading_backend=native")
+    assert (args.kv_offloading_size, args.kv_offloading_backend) == (2, "native")
+    config = vllm_config(args)
+    assert config.cache_config.kv_offloading_size == 2
+    made = config.kv_transfer_config            # vLLM's shorthand, made into its connector
+    assert made.kv_connector in ("OffloadingConnector", "SimpleCPUOffloadConnector")
+    assert made.kv_connector_extra_config["cpu_bytes_to_use"] == 2 << 30
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -97,6 +167,10 @@ def test_a_speculative_config_reaches_vllms_engine_args(model_path, monkeypatch)
     (["--gpu-memory-utilization", "90%"], "expected a fraction in (0, 1]"),
     (["--gpu-memory-utilization", "1.5"], "expected a fraction in (0, 1]"),
     (["--engine-arg", "swap_space"], "expected KEY=VALUE"),
+    (["--engine-arg", 'kv_transfer_config={"kv_connector": "OffloadingConnector",}'],
+     "kv_transfer_config is not valid JSON (Expecting property name enclosed in double "
+     "quotes: line 1 column 40 (char 39))"),
+    (["--engine-arg", "speculative_config=[ngram"], "speculative_config is not valid JSON"),
     (["--ctx-size", "-5"], "--ctx-size -5"),
 ])
 def test_a_bad_option_is_named(flags, message):

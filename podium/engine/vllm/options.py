@@ -61,7 +61,9 @@ def check(settings: Settings) -> dict[str, Any]:
 
 def engine_args(entries: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``--engine-arg KEY=VALUE`` entries as ``AsyncEngineArgs`` fields (VALUE read as JSON
-    when it is JSON: numbers, booleans, lists, objects; else a string)."""
+    when it is JSON: numbers, booleans, lists, objects; else a string). A VALUE opening
+    with ``{`` or ``[`` must be JSON: vLLM would get it as a string and refuse it at
+    start, far from the typo (a ``kv_transfer_config`` or ``speculative_config``)."""
     known = _engine_arg_names()
     out: dict[str, Any] = {}
     for entry in entries:
@@ -74,7 +76,12 @@ def engine_args(entries: tuple[str, ...] | list[str]) -> dict[str, Any]:
             raise ValueError(f"--engine-arg {entry!r}: vLLM has no engine argument {key!r}")
         try:
             out[key] = json.loads(raw)
-        except ValueError:
+        except ValueError as exc:
+            if raw.startswith(("{", "[")):
+                raise ValueError(
+                    f"--engine-arg {entry!r}: {key} is not valid JSON ({exc}); "
+                    f"PODIUM_ENGINE_ARG splits at commas: give JSON with --engine-arg or "
+                    f"in the config file's engine-arg list") from None
             out[key] = raw
     return out
 
