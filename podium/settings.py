@@ -282,7 +282,8 @@ class Settings:
                                "slower).")
     engine_arg: list[str] = _opt(
         (), "vLLM: any other engine argument as KEY=VALUE (VALUE read as JSON when it is); "
-        "repeat for several. PODIUM_ENGINE_ARG takes a comma-separated list.", multiple=True,
+        "repeat for several. PODIUM_ENGINE_ARG takes a comma-separated list (commas inside "
+        "a JSON value do not split it).", multiple=True,
         metavar="KEY=VALUE")
     seed: int = _opt(-1, "Default sampling seed for requests without one (-1: random).")
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
@@ -489,10 +490,31 @@ _KINDS: dict[Any, Any] = {"int": int, int: int, "float": float, float: float}
 
 def _from_env(f: dataclasses.Field, raw: str) -> Any:
     if f.metadata.get("multiple"):
-        return [part.strip() for part in raw.split(",") if part.strip()]
+        return [part.strip() for part in _top_level_split(raw) if part.strip()]
     if f.type in ("bool", bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     return _KINDS.get(f.type, str)(raw)
+
+
+def _top_level_split(raw: str) -> list[str]:
+    """A comma-separated list's items, commas inside brackets, braces or a double-quoted
+    string not splitting (``a=1,b={"x": 1, "y": [2, 3]}`` is two items)."""
+    parts, depth, start, quoted, escaped = [], 0, 0, False, False
+    for i, char in enumerate(raw):
+        if quoted:
+            quoted = char != '"' or escaped
+            escaped = char == "\\" and not escaped
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            parts.append(raw[start:i])
+            start = i + 1
+    parts.append(raw[start:])
+    return parts
 
 
 def _size_option(flag: str, raw: str) -> int:

@@ -128,11 +128,12 @@ def test_kv_offload_options_are_engine_args_read_as_json(tmp_path):
                       f'engine = "vllm"\nengine-arg = [{json.dumps(arg)}]\n')
     [model] = catalog(Settings.from_sources(["--config", str(config)], {}))
     assert options.check(model.source)["engine_args"] == {"kv_transfer_config": LMCACHE}
-    # PODIUM_ENGINE_ARG is a comma-separated list: an object there is cut, and said so
+    # PODIUM_ENGINE_ARG is a comma-separated list; the commas inside a JSON value do not cut it
     env = Settings.from_sources(["--engine", "vllm"], {
-        "PODIUM_ENGINE_ARG": f"kv_transfer_config={json.dumps(LMCACHE)}"})
-    with pytest.raises(ValueError, match="PODIUM_ENGINE_ARG splits at commas"):
-        options.check(env)
+        "PODIUM_ENGINE_ARG": f"kv_offloading_size=8,kv_transfer_config={json.dumps(TIERED)}, "
+                             f"enable_prefix_caching=true"})
+    assert options.check(env)["engine_args"] == {
+        "kv_offloading_size": 8, "kv_transfer_config": TIERED, "enable_prefix_caching": True}
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")

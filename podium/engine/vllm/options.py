@@ -79,9 +79,7 @@ def engine_args(entries: tuple[str, ...] | list[str]) -> dict[str, Any]:
         except ValueError as exc:
             if raw.startswith(("{", "[")):
                 raise ValueError(
-                    f"--engine-arg {entry!r}: {key} is not valid JSON ({exc}); "
-                    f"PODIUM_ENGINE_ARG splits at commas: give JSON with --engine-arg or "
-                    f"in the config file's engine-arg list") from None
+                    f"--engine-arg {entry!r}: {key} is not valid JSON ({exc})") from None
             out[key] = raw
     return out
 
