@@ -27,7 +27,9 @@ unloaded; it knows a model only as what ``load`` returns and its ``aclose`` free
   never a silent cut. Requests arriving meanwhile wait for the unload to end, then load the
   model afresh; the wait is bounded by ``load_timeout`` (then 503 ``model_unavailable``).
 
-Each load and unload is one log line with its reason.
+Each load and unload is one log line with its reason. A load's progress (``Entry.progress``,
+0..1) is what its loader reports through ``LOAD_PROGRESS`` while it runs, where the loader
+can tell (llama.cpp's model load can; vLLM's cannot: None).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import fnmatch
 import logging
 import math
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
@@ -47,6 +50,12 @@ from podium.errors import InvalidRequestError, ModelNotFound, PodiumError
 log = logging.getLogger(__name__)
 
 State = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
+
+# Where the load under way reports how far it is (a fraction, 0..1), from whichever thread
+# runs it: set around each load (asyncio.to_thread carries it into the loader's thread), so
+# a loader that knows its progress reports it without every loader's signature taking it.
+LOAD_PROGRESS: ContextVar[Callable[[float], None] | None] = ContextVar("podium_load_progress",
+                                                                       default=None)
 
 
 class ModelUnavailable(PodiumError):
@@ -103,6 +112,7 @@ class Entry:
     keep: float | None = None           # a request's keep-alive (seconds; inf: no idle
                                         # unload; 0: unload once idle) until it unloads
     deadline: float | None = None       # wall-clock time its idle unload is due
+    progress: float | None = None       # how far its load under way is (0..1; None: unknown)
     _loading: asyncio.Future | None = field(default=None, repr=False)
     _idle: asyncio.Handle | None = field(default=None, repr=False)
 
@@ -317,7 +327,11 @@ class Models:
                     await self._make_room(entry)
                     entry.state, entry.error = "loading", None
                 started = time.monotonic()
-                engine = await self._load(entry.config)
+                reporting = LOAD_PROGRESS.set(lambda done: setattr(entry, "progress", done))
+                try:
+                    engine = await self._load(entry.config)
+                finally:
+                    LOAD_PROGRESS.reset(reporting)
             except ModelUnavailable:
                 raise
             except Exception as exc:  # noqa: BLE001 - said to every waiter, and kept
@@ -336,7 +350,7 @@ class Models:
                 self._went_idle(entry)
             return engine
         finally:
-            entry._loading = None
+            entry._loading, entry.progress = None, None
 
     def _loaded(self) -> list[Entry]:
         return [e for e in self._entries.values() if e.state in ("loaded", "loading")]

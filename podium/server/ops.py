@@ -106,13 +106,18 @@ def _draft_acceptance(stats: Mapping[str, int]) -> float | None:
 
 def model_card(entry: Entry, asked: str | None = None) -> dict[str, Any]:
     """OpenAI's model object (``asked``: the name or alias the client used) plus what
-    Podium knows of it: state, kind, memory, and why its last load failed."""
+    Podium knows of it: state, kind, memory, how far a load under way is
+    (``load_progress``, 0..1; null where its engine does not say), and why its last load
+    failed."""
     served: Served | None = entry.engine if entry.state == "loaded" else None
     card = {"id": asked or entry.name, "object": "model",
             "created": served.engine.info.created if served else _STARTED,
             "owned_by": "podium", "state": entry.state, "kind": entry.config.kind,
             "memory_estimate": entry.config.estimate or None,
             "resident_memory": served.resident if served else None}
+    if entry.state == "loading":
+        progress = entry.progress
+        card["load_progress"] = None if progress is None else round(progress, 3)
     if served is not None:
         card["max_model_len"] = served.engine.info.context_length
     if entry.config.kind in ("embedding", "rerank"):

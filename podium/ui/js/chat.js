@@ -259,8 +259,8 @@ async function send(parts) {
   const controller = new AbortController();
   state.running = { controller, id: null, turn };
   running(true);
-  const card = (await refreshModels().catch(() => [])).find((c) => c.id === model);
-  if (card && card.state !== "loaded") watchModel();
+  await refreshModels().catch(() => {});
+  const settle = watchModel();
   const body = { model, conversation: state.conversation.id, stream: true, background: true,
     store: true, input: [{ type: "message", role: "user", content: parts }],
     ...settings.request() };
@@ -273,6 +273,7 @@ async function send(parts) {
     if (controller.signal.aborted) turn.finish("cancelled");
     else turn.finish("failed", error.message);
   } finally {
+    settle();
     state.running = null;
     running(false);
   }
@@ -336,29 +337,31 @@ function showAttachments() {
   }));
 }
 
-// Text files become input text; anything else is refused with the reason (Podium's models
-// read text only: an image would be a 400).
+// Text files become input text; anything else is refused with the reason, one line a
+// file (Podium's models read text only: an image would be a 400).
 async function attach(files) {
+  const refused = [];
   for (const file of files) {
-    if (file.type.startsWith("image/")) {
-      showError(`${file.name}: images cannot be sent; the models this server runs read text only.`);
-      continue;
-    }
-    if (file.size > MAX_ATTACHMENT) {
-      showError(`${file.name} is larger than ${MAX_ATTACHMENT / 1024} KB.`);
-      continue;
-    }
-    const bytes = new Uint8Array(await file.arrayBuffer());
-    let text;
-    try {
-      text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-    } catch {
-      showError(`${file.name} is not a text file (not UTF-8).`);
-      continue;
-    }
-    state.attachments.push({ name: file.name, text });
+    const why = await addAttachment(file);
+    if (why) refused.push(why);
   }
+  showError(refused.join("\n"));
   showAttachments();
+}
+
+async function addAttachment(file) {
+  if (file.type.startsWith("image/")) {
+    return `${file.name}: images cannot be sent; the models this server runs read text only.`;
+  }
+  if (file.size > MAX_ATTACHMENT) return `${file.name} is larger than ${MAX_ATTACHMENT / 1024} KB.`;
+  const bytes = new Uint8Array(await file.arrayBuffer());
+  try {
+    state.attachments.push({ name: file.name,
+      text: new TextDecoder("utf-8", { fatal: true }).decode(bytes) });
+  } catch {
+    return `${file.name} is not a text file (not UTF-8).`;
+  }
+  return null;
 }
 
 function submit() {

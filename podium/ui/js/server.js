@@ -49,7 +49,9 @@ function showModels(cards, health) {
     const stats = health.models?.[card.id] ?? {};
     const engine = stats.engine ?? {};
     const tr = document.createElement("tr");
-    const state = cell(card.state === "failed" ? `failed: ${card.error ?? ""}` : card.state);
+    const state = cell(card.state === "failed" ? `failed: ${card.error ?? ""}`
+      : card.state === "loading" && typeof card.load_progress === "number"
+        ? `loading ${Math.floor(card.load_progress * 100)}%` : card.state);
     state.className = `state ${card.state}`;
     tr.append(cell(card.id), cell(card.kind ?? "chat"), state, cell(mib(card.memory_estimate)),
       cell(mib(card.resident_memory)), cell(engine.running ?? "–"), cell(engine.waiting ?? "–"),
