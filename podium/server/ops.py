@@ -71,14 +71,19 @@ def gauges(models: Models, store: SQLStore, batches: BatchStore) -> dict[str, An
 
 # the prompt cache's figures /metrics reads, by the names it gives them: the disk tier's
 # (hits: loads read from a file), the memory tier's (memory_*), loads neither tier served
-# (misses) and tokens restored from either
+# (misses) and tokens restored from either; seconds spent reading entries (either tier) and
+# writing files (the cache's threads), and copying states into llama.cpp (restore) and out
+# of it (copy: on the decode thread)
 PROMPT_CACHE = {"bytes": "bytes", "entries": "entries", "hits_total": "hits",
                 "memory_bytes": "memory_bytes", "memory_entries": "memory_entries",
                 "memory_hits_total": "memory_hits", "misses_total": "misses",
-                "restored_tokens_total": "restored_tokens"}
+                "restored_tokens_total": "restored_tokens",
+                "read_seconds_total": "read_seconds", "write_seconds_total": "write_seconds",
+                "restore_seconds_total": "restore_seconds",
+                "copy_seconds_total": "copy_seconds"}
 
 
-def _prompt_cache(entry: Entry) -> dict[str, int]:
+def _prompt_cache(entry: Entry) -> dict[str, float]:
     """A loaded llama.cpp model's prompt cache figures (per tier, disk and memory_*: bytes,
     entries, hits; misses, tokens restored instead of prefilled); {} for others."""
     if entry.state != "loaded":
@@ -87,7 +92,11 @@ def _prompt_cache(entry: Entry) -> dict[str, int]:
     cache = getattr(engine, "prompt_cache", None)
     if cache is None:
         return {}
-    return {**cache.stats, "restored_tokens": engine.stats["restored_tokens"]}
+    stats = {**cache.stats, "restored_tokens": engine.stats["restored_tokens"],
+             "restore_us": engine.stats.get("restore_us", 0),
+             "copy_us": engine.stats.get("copy_us", 0)}
+    return {(name[:-3] + "_seconds" if name.endswith("_us") else name):
+            (value / 1e6 if name.endswith("_us") else value) for name, value in stats.items()}
 
 
 def _drafts(stats: Mapping[str, int]) -> dict[str, tuple[int, int]]:

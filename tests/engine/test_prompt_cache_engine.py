@@ -68,12 +68,14 @@ def test_a_prefix_outlives_the_engine_and_gives_the_same_answer(model_path, tmp_
         assert cached == 0 and length > 600
     finally:
         close(first)
+    assert first.stats["copy_us"] > 0 and first.prompt_cache.stats["write_us"] > 0
     second = make(model_path, tmp_path)        # a restart: a new engine, the same folder
     try:
         again, cached, _ = ask(second, "Which rule is about topic 7?")
         assert again == answer
         assert cached >= length - 2 * BATCH and cached % BATCH == 0
         assert second.stats["restored_tokens"] == cached
+        assert second.stats["restore_us"] > 0 and second.prompt_cache.stats["read_us"] > 0
         # another question after the same system prompt: its prefix comes from disk too
         _, cached, _ = ask(second, "Which rule is about topic 30?")
         assert cached > 0

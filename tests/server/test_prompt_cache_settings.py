@@ -139,5 +139,10 @@ def test_both_tiers_figures_in_health_and_metrics(scripted, client_for, tmp_path
                             ("memory_hits_total", 1), ("misses_total", 0),
                             ("restored_tokens_total", 16)):
             assert f'podium_prompt_cache_{name}{{model="{SERVED}"}} {float(value)}' in text
+        # the time it took: a file read and a file written, in seconds; no engine copies
+        assert figures["read_seconds"] > 0 and figures["write_seconds"] > 0
+        assert figures["restore_seconds"] == figures["copy_seconds"] == 0
+        for name in ("read", "write", "restore", "copy"):
+            assert f'podium_prompt_cache_{name}_seconds_total{{model="{SERVED}"}}' in text
     finally:
         cache.close()

@@ -200,6 +200,7 @@ class LlamaCppEngine:
         self._closing = False
         self.stats = EngineStats(*ENGINE_STATS, "interrupted",     # decodes undone
                                  "restored_tokens",     # from the prompt cache
+                                 "restore_us", "copy_us",   # its states into / out of llama.cpp
                                  *(f"{what}_{source}" for source in (PREDICTION, NGRAM)
                                    for what in ("drafted", "accepted")))
         self.stats["kv_capacity"] = self._n_ctx * len(self._slots)
@@ -463,8 +464,11 @@ class LlamaCppEngine:
         seq = slot.seq
         llama_cpp.llama_memory_seq_rm(self._mem, seq, 0, -1)
         slot.cached = []
+        start = time.perf_counter()
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if llama_cpp.llama_state_seq_set_data(self._model.ctx, buf, len(data), seq) != len(data):
+        done = llama_cpp.llama_state_seq_set_data(self._model.ctx, buf, len(data), seq)
+        self.stats["restore_us"] += int((time.perf_counter() - start) * 1e6)
+        if done != len(data):
             log.warning("prompt cache: llama.cpp refused a cached state of %d tokens; "
                         "prefilling instead", held)
             llama_cpp.llama_memory_seq_rm(self._mem, seq, 0, -1)
@@ -486,12 +490,16 @@ class LlamaCppEngine:
         if cache is None or len(tokens) < (cache.min_tokens if keep is None else cache.block) \
                 or cache.longest(tokens + [-1]) >= len(tokens) // cache.block * cache.block:
             return False
+        start = time.perf_counter()
         size = llama_cpp.llama_state_seq_get_size(self._model.ctx, slot.seq)
         buf = (ctypes.c_uint8 * size)()
-        if llama_cpp.llama_state_seq_get_data(self._model.ctx, buf, size, slot.seq) != size:
+        copied = llama_cpp.llama_state_seq_get_data(self._model.ctx, buf, size, slot.seq)
+        data = bytes(buf)
+        self.stats["copy_us"] += int((time.perf_counter() - start) * 1e6)
+        if copied != size:
             log.warning("prompt cache: llama.cpp gave no state for %d tokens", len(tokens))
             return False
-        return bool(cache.save(list(tokens), bytes(buf), keep=keep))
+        return bool(cache.save(list(tokens), data, keep=keep))
 
     def _drop_aborted(self) -> None:
         """Free the slots of aborted jobs; what they prefilled stays cached for reuse (an

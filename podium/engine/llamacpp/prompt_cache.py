@@ -88,7 +88,8 @@ MTIME_SLACK_NS = 2 * 10**9
 # loads neither tier served); memory_*: the memory tier's
 STATS = ("entries", "bytes", "hits", "misses", "saves", "dropped", "too_big", "failed",
          "corrupt", "evicted", "memory_entries", "memory_bytes", "memory_hits",
-         "memory_evicted", "memory_too_big")
+         "memory_evicted", "memory_too_big",
+         "read_us", "write_us")     # time spent reading (both tiers' hits) and writing files
 
 
 class _Bad(Exception):
@@ -265,7 +266,12 @@ class PromptCache:
                     return None
                 entry = min(files, key=lambda e: e.size)
         if not held:
-            return self._read(entry, n, ids)
+            start = time.perf_counter()
+            read = self._read(entry, n, ids)
+            if read is not None:
+                with self._lock:
+                    self.stats["read_us"] += int((time.perf_counter() - start) * 1e6)
+            return read
         if on_disk:             # used: its file is not the disk tier's next to go
             self._touch(entry)
         return n, data
@@ -637,7 +643,7 @@ class PromptCache:
         self._make_room(size - sum(e.size for e in superseded), superseded)
         path = self.directory / _name(key)
         temp = self.directory / f".{key.hex()}.{os.getpid()}.{next(self._temp_names)}.tmp"
-        now = time.time_ns()
+        now, start = time.time_ns(), time.perf_counter()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)   # if someone removed it
             with open(temp, "xb") as f:
@@ -658,6 +664,7 @@ class PromptCache:
         with self._lock:
             self._add(_Entry(key, len(ids) // 4, blocks, size, now))
             self.stats["saves"] += 1
+            self.stats["write_us"] += int((time.perf_counter() - start) * 1e6)
         for entry in superseded:
             self._remove(entry)
 
