@@ -9,6 +9,10 @@ measured in the store's embedding model's own tokens (``chunk_text``), embeds th
 ``BATCH_PRIORITY`` (interactive embeddings and searches go first in the engine's queue) and
 writes them a batch at a time, each write renewing the lease; the file ends ``completed``
 (its chunks seen by searches from that commit) or ``failed`` with ``last_error``.
+
+The ingestor also sweeps, every ``SWEEP_SECONDS``: expired stores' files, chunks and vectors
+are removed from the database (``VectorStoreStore.sweep``; the service does the same for an
+expired store it reads before the sweep comes).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 
 from podium.api.batch_worker import BATCH_PRIORITY
 from podium.api.vector_stores import (MAX_FILE_CHUNKS, MAX_FILE_TEXT, MAX_STORE_BYTES,
-                                      Embedders)
+                                      Embedders, fitted)
 from podium.errors import PodiumError, StoreUnavailable
 from podium.generation import off_loop
 from podium.store.files import FileStore
@@ -35,9 +39,9 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 POLL_SECONDS = 1.0              # a look for files when nothing here wakes the loop
+SWEEP_SECONDS = 60.0            # a sweep of expired stores
 STOP_SECONDS = 5.0              # a stop waits this long for a store call under way
 EMBED_BATCH = 32                # chunks embedded (and written) together
-SPECIALS = 8                    # a chunk leaves this many of the context's tokens free
 # what is read as text; anything else (PDF, DOCX, images) fails with unsupported_file
 TEXT_SUFFIXES = frozenset(
     "txt md markdown rst adoc org tex html htm xml json jsonl ndjson yaml yml toml ini cfg "
@@ -124,6 +128,7 @@ class Ingestor:
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._held: tuple[str, str] | None = None       # the file being ingested here
+        self._next_sweep = 0.0                          # time.monotonic() of the next
 
     def poke(self) -> None:
         """A file was attached here: look now."""
@@ -153,6 +158,7 @@ class Ingestor:
     async def _loop(self) -> None:
         while not self._stopping:
             try:
+                await self.sweep()
                 while await self.turn():
                     pass
             except StoreUnavailable as exc:
@@ -162,6 +168,14 @@ class Ingestor:
             self._wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+
+    async def sweep(self) -> None:
+        """Expired stores emptied, when a sweep is due."""
+        if time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + SWEEP_SECONDS
+        for store_id in await self._store.sweep(time.time()):
+            log.info("vector store %s: expired; its files and chunks removed", store_id)
 
     async def turn(self) -> bool:
         """Claim one file and ingest it; whether there was one (and the ingestor goes on)."""
@@ -181,7 +195,7 @@ class Ingestor:
 
     async def _ingest(self, key: tuple[str, str], row: Obj) -> None:
         try:
-            usage = await self._chunks(key, row)
+            usage, chunking = await self._chunks(key, row)
         except Failed as exc:
             if await self._store.finish_file(key, self.replica, "failed", 0, exc.error):
                 log.info("vector store %s: file %s failed: %s", *key, exc)
@@ -190,11 +204,13 @@ class Ingestor:
             log.info("vector store %s: file %s was deleted, cancelled or taken over (or "
                      "this replica stops)", *key)
             return
-        if await self._store.finish_file(key, self.replica, "completed", usage, None):
+        if await self._store.finish_file(key, self.replica, "completed", usage, None,
+                                         chunking):
             log.info("vector store %s: file %s completed (%d bytes)", *key, usage)
 
-    async def _chunks(self, key: tuple[str, str], row: Obj) -> int:
-        """Read, cut, embed and write the file's chunks; its usage in bytes."""
+    async def _chunks(self, key: tuple[str, str], row: Obj) -> tuple[int, tuple[int, int]]:
+        """Read, cut, embed and write the file's chunks; its usage in bytes and the chunking
+        used (fitted to the model's context)."""
         text = decode_text(row["filename"], await self._read(row))
         try:
             async with self._embedders(row["embedding_model"]) as engine:
@@ -203,10 +219,10 @@ class Ingestor:
             raise Failed("server_error", f"The store's embedding model "
                          f"{row['embedding_model']!r} cannot embed: {exc.message}") from None
 
-    async def _embed(self, key: tuple[str, str], row: Obj, text: str, engine: Any) -> int:
+    async def _embed(self, key: tuple[str, str], row: Obj, text: str, engine: Any
+                     ) -> tuple[int, tuple[int, int]]:
         context = engine.info.context_length
-        size = max(1, min(row["chunk_size"], context - SPECIALS))
-        overlap = min(row["chunk_overlap"], size // 2)
+        size, overlap = fitted((row["chunk_size"], row["chunk_overlap"]), context)
         pieces = await off_loop(chunk_text, text, counter(engine.tokenizer), size, overlap)
         if len(pieces) > MAX_FILE_CHUNKS:
             raise Failed("invalid_file", f"The file makes {len(pieces)} chunks, more than "
@@ -227,7 +243,7 @@ class Ingestor:
             if not await self._store.add_chunks(key, self.replica, time.time() + self.lease,
                                                 rows):
                 raise _Lost()
-        return usage
+        return usage, (size, overlap)
 
     async def _read(self, row: Obj) -> bytes:
         found = await self._files.get(row["file_id"], row["owner"], time.time())

@@ -11,7 +11,10 @@ Search is an exact scan: each replica keeps a store's vectors as one float32 mat
 (``Index``, at most ``INDEX_BYTES`` of them, least recently used dropped first), read again
 when the store's ``revision`` moved; a query is one matrix-vector product on a worker thread,
 cosine similarity (the vectors are normalized), attribute filters applied per file, then the
-best ``max_num_results`` (bench/vector_stores.py measures it at 1k to 100k chunks).
+best ``max_num_results`` (bench/vector_stores.py measures it at 1k to 100k chunks). With a
+ranker (``ranking_options.ranker``: the server's reranker by default, or a served model
+named), the nearest ``rerank_pool`` chunks are re-scored by it as ``/v1/rerank`` scores
+documents, and the best of those by its score are the results.
 
 Bounds (400 past each): ``MAX_STORES`` per key, ``MAX_STORE_FILES`` per store, the protocol's
 (attributes, filters, queries, results); at ingestion ``MAX_FILE_TEXT`` bytes and
@@ -25,7 +28,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, AsyncContextManager, Callable
+from typing import Any, AsyncContextManager, Callable, Protocol
 
 import numpy as np
 from pydantic import ValidationError
@@ -48,10 +51,28 @@ MAX_FILE_TEXT = 32 << 20         # bytes of one file's text read for ingestion
 MAX_FILE_CHUNKS = 10_000         # chunks one file makes
 MAX_CONTENT_CHUNKS = 10_000      # chunks the content route returns
 INDEX_BYTES = 1 << 30            # vectors this replica keeps in memory for searches
+RERANK_MIN, RERANK_MAX = 20, 100  # chunks a ranker re-scores (``rerank_pool``)
+SPECIALS = 8                     # a chunk leaves this many of the context's tokens free
 STORE_PREFIX, BATCH_PREFIX = "vs_", "vsfb_"
 
 # an embedding model by name, held while the context lasts (404 / 400 if it cannot embed)
 Embedders = Callable[[str], AsyncContextManager[Embedder]]
+
+
+class Rerankers(Protocol):
+    """The served models that re-score a search's nearest chunks (``ranking_options``'
+    ``ranker``), as ``/v1/rerank`` scores documents."""
+
+    async def pick(self, asked: str | None, param: str) -> str | None:
+        """The model a search re-scores with: ``asked`` when it names a served reranker or
+        embedding model (else a 400 naming ``param``); for None (OpenAI's ``auto``) the
+        server's reranker if it serves one; None (cosine alone) for ``"none"``."""
+        ...
+
+    async def score(self, model: str, queries: list[str], documents: list[str]
+                    ) -> list[float]:
+        """Each document's relevance to the queries (its best with any of them)."""
+        ...
 
 
 @dataclass
@@ -122,6 +143,14 @@ class Index:
             self._locks.pop(store_id, None)
         return built
 
+    def forget(self, store_id: str) -> None:
+        """The store's vectors are gone (deleted, expired): their memory goes too."""
+        self._scans.pop(store_id, None)
+
+
+def _expired(row: Obj, now: float) -> bool:
+    return row["expires_at"] is not None and row["expires_at"] <= now
+
 
 def matches(node: Obj, attributes: Obj) -> bool:
     """Whether a file's attributes pass a filter (checked by ``wire.check_filter``): a
@@ -150,11 +179,14 @@ def _numbers(a: Any, b: Any) -> bool:
 
 class VectorStoresService:
     def __init__(self, store: VectorStoreStore, files: FileStore, embedders: Embedders,
-                 default_model: Callable[[], Any], poke: Callable[[], None] | None = None):
+                 default_model: Callable[[], Any], poke: Callable[[], None] | None = None,
+                 rerankers: Rerankers | None = None):
         """``default_model``: the embedding model a store gets when its creator names none
-        (awaitable; 400 when there is none to choose)."""
+        (awaitable; 400 when there is none to choose). ``rerankers``: None, searches rank
+        by cosine alone."""
         self._store, self._files = store, files
         self._embedders = embedders
+        self._rerankers = rerankers
         self._default_model = default_model
         self._poke = poke or (lambda: None)
         self.index = Index(store)
@@ -163,10 +195,10 @@ class VectorStoresService:
 
     async def create(self, req: wire.VectorStoreCreate, owner: str) -> Obj:
         metadata = check_metadata(req.metadata)
-        size, overlap = wire.chunking(req.chunking_strategy)
         model = req.embedding_model or await self._default_model()
-        async with self._embedders(model):      # 404 / 400 now, not at ingestion
-            pass
+        async with self._embedders(model) as engine:    # 404 / 400 now, not at ingestion
+            context = engine.info.context_length        # type: ignore[attr-defined]
+        size, overlap = fitted(wire.chunking(req.chunking_strategy), context)
         if await self._store.count(owner) >= MAX_STORES:
             raise InvalidRequestError(f"An API key keeps at most {MAX_STORES} vector stores: "
                                       "delete some first", param="name")
@@ -175,7 +207,8 @@ class VectorStoresService:
         days = req.expires_after.days if req.expires_after else None
         files = await self._attach_rows(store_id, owner, [
             (file_id, None, None, f"file_ids[{i}]")
-            for i, file_id in enumerate(req.file_ids or ())], (size, overlap), None, now)
+            for i, file_id in enumerate(req.file_ids or ())], (size, overlap), None, now,
+            context)
         await self._store.create(dict(
             id=store_id, owner=owner, name=req.name, description=req.description,
             meta=metadata, embedding_model=model, chunk_size=size, chunk_overlap=overlap,
@@ -192,11 +225,21 @@ class VectorStoresService:
         if row is None:
             raise NotFoundError(f"No vector store found with id '{store_id[:80]}'.",
                                 param="vector_store_id")
+        await self._pruned([row], time.time())
         return row
 
+    async def _pruned(self, rows: list[Obj], now: float) -> None:
+        """Expired stores' files, chunks and vectors removed, if the sweep (the ingestor's)
+        has not yet: what an expired store is read as is empty."""
+        for row in rows:
+            if _expired(row, now) and await self._store.expire(row["id"], now):
+                self.index.forget(row["id"])
+                log.info("vector store %s: expired; its files and chunks removed", row["id"])
+
     async def _objects(self, rows: list[Obj]) -> list[Obj]:
-        stats = await self._store.stats([r["id"] for r in rows])
         now = time.time()
+        await self._pruned(rows, now)
+        stats = await self._store.stats([r["id"] for r in rows])
         return [wire.store_object(r, *stats[r["id"]], now) for r in rows]
 
     async def retrieve(self, store_id: str, owner: str) -> Obj:
@@ -209,6 +252,9 @@ class VectorStoresService:
 
     async def update(self, store_id: str, req: wire.VectorStoreUpdate, owner: str) -> Obj:
         row = await self._found(store_id, owner)
+        if "expires_after" in req.model_fields_set and _expired(row, time.time()):
+            raise InvalidRequestError(f"Vector store {store_id} has expired: its expiry "
+                                      "cannot change", param="expires_after")
         values: Obj = {}
         if "name" in req.model_fields_set:
             values["name"] = req.name
@@ -227,14 +273,16 @@ class VectorStoresService:
         if not await self._store.delete(store_id, owner):
             raise NotFoundError(f"No vector store found with id '{store_id[:80]}'.",
                                 param="vector_store_id")
+        self.index.forget(store_id)
         log.info("vector store %s: deleted", store_id)
         return {"id": store_id, "object": "vector_store.deleted", "deleted": True}
 
     async def _live(self, store_id: str, owner: str) -> Obj:
         """The store, refused (400) once it has expired."""
         row = await self._found(store_id, owner)
-        if row["expires_at"] is not None and row["expires_at"] <= time.time():
-            raise InvalidRequestError(f"Vector store {store_id} has expired",
+        if _expired(row, time.time()):
+            raise InvalidRequestError(f"Vector store {store_id} has expired: it can no "
+                                      "longer be searched or given files",
                                       param="vector_store_id")
         return row
 
@@ -243,9 +291,10 @@ class VectorStoresService:
     async def _attach_rows(self, store_id: str, owner: str,
                            refs: list[tuple[str, Obj | None, Any, str]],
                            default: tuple[int, int], batch_id: str | None,
-                           now: int) -> list[Obj]:
+                           now: int, context: int | None) -> list[Obj]:
         """The rows of files to attach: each the owner's file (a 400 naming it, else),
-        its attributes and chunking checked."""
+        its attributes and chunking checked, the chunking fitted to the embedding model's
+        ``context`` (None: not known now; the ingestion fits it)."""
         rows, seen = [], set()
         for file_id, attributes, strategy, where in refs:
             if file_id in seen:
@@ -255,13 +304,22 @@ class VectorStoresService:
             if found is None:
                 raise InvalidRequestError(f"No such File object: {file_id}", param=where)
             base = "" if where == "file_id" else f"{where}."    # one file: its own fields
-            size, overlap = (wire.chunking(strategy, f"{base}chunking_strategy")
-                             if strategy is not None else default)
+            size, overlap = (fitted(wire.chunking(strategy, f"{base}chunking_strategy"),
+                                    context) if strategy is not None else default)
             rows.append(dict(store_id=store_id, file_id=file_id, owner=owner,
                              batch_id=batch_id, filename=found.filename,
                              attributes=wire.attributes(attributes, f"{base}attributes"),
                              chunk_size=size, chunk_overlap=overlap, created_at=now))
         return rows
+
+    async def _context(self, row: Obj) -> int | None:
+        """The context of the store's embedding model (None when it cannot be had now: its
+        files are fitted to it when they are ingested, or fail)."""
+        try:
+            async with self._embedders(row["embedding_model"]) as engine:
+                return engine.info.context_length       # type: ignore[attr-defined]
+        except PodiumError:
+            return None
 
     async def _room(self, store_id: str, adding: int, param: str) -> None:
         if await self._store.file_count(store_id) + adding > MAX_STORE_FILES:
@@ -272,9 +330,10 @@ class VectorStoresService:
         row = await self._live(store_id, owner)
         await self._room(store_id, 1, "file_id")
         now = int(time.time())
+        context = await self._context(row)
         files = await self._attach_rows(
             store_id, owner, [(req.file_id, req.attributes, req.chunking_strategy, "file_id")],
-            (row["chunk_size"], row["chunk_overlap"]), None, now)
+            fitted((row["chunk_size"], row["chunk_overlap"]), context), None, now, context)
         await self._store.add_files(files)
         await self._store.touch(store_id, now)
         self._poke()
@@ -338,9 +397,11 @@ class VectorStoresService:
         await self._room(store_id, len(refs), "file_ids")
         batch_id = new_id(prefix=BATCH_PREFIX)
         now = int(time.time())
-        default = wire.chunking(req.chunking_strategy) if req.chunking_strategy else (
-            row["chunk_size"], row["chunk_overlap"])
-        files = await self._attach_rows(store_id, owner, refs, default, batch_id, now)
+        context = await self._context(row)
+        default = fitted(wire.chunking(req.chunking_strategy) if req.chunking_strategy else (
+            row["chunk_size"], row["chunk_overlap"]), context)
+        files = await self._attach_rows(store_id, owner, refs, default, batch_id, now,
+                                        context)
         await self._store.add_files(files, dict(id=batch_id, store_id=store_id, owner=owner,
                                                 status="in_progress", created_at=now))
         await self._store.touch(store_id, now)
@@ -373,17 +434,26 @@ class VectorStoresService:
             raise InvalidRequestError("rewrite_query is not supported: the query is searched "
                                       "as it is given", param="rewrite_query")
         texts = wire.queries(req.query)
-        threshold = wire.ranker(req.ranking_options)
+        asked, threshold = wire.ranking(req.ranking_options)
+        ranker = await self._ranker(asked, "ranking_options.ranker")
         flt = wire.check_filter(req.filters) if req.filters is not None else None
         results = await self.find([store_id], owner, texts, req.max_num_results, flt,
-                                  threshold)
+                                  threshold, ranker)
         return {"object": "vector_store.search_results.page", "search_query": texts,
                 "data": results, "has_more": False, "next_page": None}
 
+    async def _ranker(self, asked: str | None, param: str) -> str | None:
+        """The model that re-scores a search's candidates (None: cosine alone)."""
+        if self._rerankers is not None:
+            return await self._rerankers.pick(asked, param)
+        if asked not in (None, wire.NO_RANKER):
+            raise InvalidRequestError(f"No reranker {asked!r} is served here", param=param)
+        return None
+
     async def searcher(self, tool: Obj, owner: str, keep: bool) -> FileSearch:
         """A Responses ``file_search`` tool's searches (``tool``: as the request gave it,
-        with ``where``, its parameter), checked before the model runs: its fields, and every
-        store the owner's and live (400 naming the tool's parameter)."""
+        with ``where``, its parameter), checked before the model runs: its fields, its
+        ranker, and every store the owner's and live (400 naming the tool's parameter)."""
         where = tool["where"]
         try:
             found = wire.FileSearchTool.model_validate(tool)
@@ -394,20 +464,42 @@ class VectorStoresService:
                                       param=f"{where}.{field}") from None
         flt = (wire.check_filter(found.filters, f"{where}.filters")
                if found.filters is not None else None)
-        threshold = wire.ranker(found.ranking_options, f"{where}.ranking_options")
+        asked, threshold = wire.ranking(found.ranking_options)
+        ranker = await self._ranker(asked, f"{where}.ranking_options.ranker")
         for i, store_id in enumerate(found.vector_store_ids):
             try:
                 await self._live(store_id, owner)
-            except NotFoundError as exc:
+            except (NotFoundError, InvalidRequestError) as exc:    # missing, or expired
                 raise InvalidRequestError(exc.message,
                                           param=f"{where}.vector_store_ids[{i}]") from None
         return FileSearch(self, found.vector_store_ids, owner, found.max_num_results, flt,
-                          threshold, keep)
+                          threshold, ranker, keep)
 
     async def find(self, store_ids: list[str], owner: str, texts: list[str], limit: int,
-                   flt: Obj | None = None, threshold: float = -1.0) -> list[Obj]:
+                   flt: Obj | None = None, threshold: float = -1.0,
+                   ranker: str | None = None) -> list[Obj]:
         """The best ``limit`` chunks of the stores for the queries, best first, as
-        OpenAI's search results."""
+        OpenAI's search results: by cosine similarity, or with a ``ranker`` the nearest
+        ``rerank_pool(limit)`` by cosine re-scored by it; ``threshold`` bounds the final
+        score."""
+        pool = limit if ranker is None else rerank_pool(limit)
+        found = await self._nearest(store_ids, owner, texts, pool, flt,
+                                    threshold if ranker is None else -1.0)
+        results = await self._results(found)
+        rerankers = self._rerankers
+        if ranker is None or rerankers is None or not results:
+            return results
+        scores = await rerankers.score(ranker, texts,
+                                       [r["content"][0]["text"] for r in results])
+        for result, score in zip(results, scores):
+            result["score"] = score
+        results.sort(key=lambda r: -r["score"])
+        return [r for r in results if r["score"] >= threshold][:limit]
+
+    async def _nearest(self, store_ids: list[str], owner: str, texts: list[str], limit: int,
+                       flt: Obj | None, threshold: float
+                       ) -> list[tuple[float, Obj, str, int]]:
+        """The ``limit`` chunks nearest the queries by cosine: (score, file, store, seq)."""
         rows = [await self._live(store_id, owner) for store_id in store_ids]
         found: list[tuple[float, Obj, str, int]] = []
         for row in rows:
@@ -422,7 +514,10 @@ class VectorStoresService:
             found += [(score, scan.files[i], row["id"], seq) for score, i, seq in best]
             await self._store.touch(row["id"], int(time.time()))
         found.sort(key=lambda r: -r[0])
-        found = found[:limit]
+        return found[:limit]
+
+    async def _results(self, found: list[tuple[float, Obj, str, int]]) -> list[Obj]:
+        """The chunks as OpenAI's search results, their text read."""
         texts_of: dict[tuple[str, str, int], str] = {}
         for store_id in {r[2] for r in found}:
             keys = [(f["file_id"], seq) for _, f, sid, seq in found if sid == store_id]
@@ -435,6 +530,24 @@ class VectorStoresService:
                 for score, f, sid, seq in found]
 
 
+def fitted(chunking: tuple[int, int], context: int | None) -> tuple[int, int]:
+    """(max_chunk_size_tokens, chunk_overlap_tokens) as the embedding model reads them: a
+    chunk at most its ``context`` less ``SPECIALS`` tokens, overlapping by at most half of
+    that (as asked when the context is not known)."""
+    size, overlap = chunking
+    if context is None:
+        return size, overlap
+    size = max(1, min(size, context - SPECIALS))
+    return size, min(overlap, size // 2)
+
+
+def rerank_pool(limit: int) -> int:
+    """How many of the nearest chunks by cosine a ranker re-scores for ``limit`` results:
+    twice as many, at least ``RERANK_MIN`` and at most ``RERANK_MAX`` (a cross-encoder reads
+    each chunk with the query: the pool is its cost)."""
+    return max(limit, min(RERANK_MAX, max(RERANK_MIN, 2 * limit)))
+
+
 @dataclass
 class FileSearch:
     """One response's ``file_search`` tool: what each of the model's calls searches."""
@@ -445,6 +558,7 @@ class FileSearch:
     limit: int
     filters: Obj | None
     threshold: float
+    ranker: str | None          # the model re-scoring the candidates (None: cosine alone)
     keep: bool                  # the client included file_search_call.results
 
     async def run(self, texts: list[str]) -> list[Obj] | None:
@@ -454,7 +568,7 @@ class FileSearch:
             return []
         try:
             found = await self.service.find(self.store_ids, self.owner, texts, self.limit,
-                                            self.filters, self.threshold)
+                                            self.filters, self.threshold, self.ranker)
         except PodiumError as exc:
             log.warning("file_search failed: %s", exc.message)
             return None

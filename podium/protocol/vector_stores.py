@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from podium.errors import InvalidRequestError
 from podium.protocol.common import LENIENT
@@ -29,7 +29,10 @@ MAX_RESULTS = 50                 # max_num_results, as OpenAI bounds it
 MAX_FILE_IDS = 500               # files one create or file batch attaches, as OpenAI's
 DEFAULT_CHUNK, DEFAULT_OVERLAP = 800, 400    # OpenAI's "auto" chunking
 COMPARISONS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin")
-RANKERS = ("auto", "none", "default-2024-11-15")
+# OpenAI's rankers: "none" ranks by cosine alone; "auto" and "default-2024-11-15" (as an
+# unset ranker) re-score with the server's reranker when it serves one. Any other name is
+# Podium's: a served reranker or embedding model to re-score with.
+NO_RANKER, AUTO_RANKERS = "none", ("auto", "default-2024-11-15")
 
 
 class StaticChunking(BaseModel):
@@ -98,8 +101,19 @@ class FileBatchCreate(BaseModel):
 
 class RankingOptions(BaseModel):
     model_config = LENIENT
-    ranker: str | None = None
+    ranker: str | None = Field(None, max_length=256)
     score_threshold: float | None = Field(None, ge=0, le=1)
+    # OpenAI's reciprocal rank fusion of embedding and keyword matches: Podium has no
+    # keyword index, so it is refused rather than ignored
+    hybrid_search: Any = None
+
+    @field_validator("hybrid_search")
+    @classmethod
+    def _no_hybrid(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("hybrid search is not supported: Podium ranks by the embedding's "
+                             "cosine and the server's reranker; leave hybrid_search out")
+        return value
 
 
 class SearchRequest(BaseModel):
@@ -115,8 +129,8 @@ class SearchRequest(BaseModel):
 
 def chunking(strategy: ChunkingStrategy | None, param: str = "chunking_strategy"
              ) -> tuple[int, int]:
-    """(max_chunk_size_tokens, chunk_overlap_tokens); ``auto`` is OpenAI's 800 / 400 (cut to
-    the embedding model's context when it is shorter, at ingestion)."""
+    """(max_chunk_size_tokens, chunk_overlap_tokens) as asked; ``auto`` is OpenAI's 800 /
+    400 (the service cuts them to what the embedding model reads: ``fitted``)."""
     if strategy is None or strategy.type == "auto":
         return DEFAULT_CHUNK, DEFAULT_OVERLAP
     if strategy.static is None:
@@ -220,15 +234,15 @@ def queries(query: str | list[str]) -> list[str]:
     return found
 
 
-def ranker(options: RankingOptions | None, param: str = "ranking_options") -> float:
-    """The score threshold of ``ranking_options`` (none by default: cosine similarity may be
-    below 0); its ranker must be one of OpenAI's names (each ranks by cosine here)."""
+def ranking(options: RankingOptions | None) -> tuple[str | None, float]:
+    """``ranking_options`` as a search uses them: the ranker asked for (None for OpenAI's
+    ``auto`` / ``default-2024-11-15`` or none given: the server's choice; ``"none"``; or a
+    model's name, checked by the service) and the score threshold (-1 when none is given:
+    cosine similarity may be below 0)."""
     if options is None:
-        return -1.0
-    if options.ranker is not None and options.ranker not in RANKERS:
-        raise InvalidRequestError(f"Invalid ranker {options.ranker!r}: one of "
-                                  f"{', '.join(RANKERS)}", param=f"{param}.ranker")
-    return -1.0 if options.score_threshold is None else options.score_threshold
+        return None, -1.0
+    asked = None if options.ranker in AUTO_RANKERS else options.ranker
+    return asked, -1.0 if options.score_threshold is None else options.score_threshold
 
 
 # -- objects --------------------------------------------------------------------------------

@@ -3,12 +3,15 @@
 (``api/vector_ingest.py``) embeds attached files, started and stopped with the app.
 
 A store's embedding model is found, loaded and held as a route's model is (``Models``), for
-as long as a search or a file's ingestion uses it."""
+as long as a search or a file's ingestion uses it; so is the model a search re-scores with
+(``Rerankers``), which scores as ``/v1/rerank`` does."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 from typing import Any, AsyncIterator, Literal
 
 from fastapi import FastAPI, Query, Request
@@ -17,17 +20,31 @@ from podium.api.vector_ingest import Ingestor
 from podium.api.vector_stores import VectorStoresService
 from podium.engine.base import Embedder
 from podium.errors import InvalidRequestError, ModelNotFound
-from podium.models import Models
-from podium.protocol.vector_stores import (FileBatchCreate, FileCreate, FileUpdate,
-                                           SearchRequest, VectorStoreCreate,
-                                           VectorStoreUpdate)
+from podium.models import Entry, Models
+from podium.protocol.embeddings import RerankRequest
+from podium.protocol.vector_stores import (AUTO_RANKERS, NO_RANKER, FileBatchCreate,
+                                           FileCreate, FileUpdate, SearchRequest,
+                                           VectorStoreCreate, VectorStoreUpdate)
 from podium.server.edge import ERRORS, check_kind, json_response, owner_of
 from podium.server.served import detect_kind
 from podium.settings import Settings
 from podium.store.vector_stores import VectorStoreStore
 
+log = logging.getLogger(__name__)
 Status = Literal["in_progress", "completed", "failed", "cancelled"]
 Order = Literal["asc", "desc"]
+RANK_KINDS = ("rerank", "embedding")        # what /v1/rerank takes
+
+
+async def kind_of(entry: Entry) -> str:
+    """What a model is for: its configured kind, or read from its files once (as its load
+    does); ``auto`` still when its files cannot be read."""
+    if entry.config.kind == "auto":
+        try:
+            entry.config.kind = await asyncio.to_thread(detect_kind, entry.config)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: not known yet
+            log.debug("model %s: kind unknown (%s)", entry.config.name, exc)
+    return entry.config.kind
 
 
 class Embedders:
@@ -59,13 +76,8 @@ class Embedders:
     async def default(self) -> str:
         if self._settings.vector_store_embedding_model:
             return self._settings.vector_store_embedding_model
-        found = []
-        for entry in self._models.entries():
-            kind = entry.config.kind
-            if kind == "auto":
-                kind = await asyncio.to_thread(detect_kind, entry.config)
-            if kind == "embedding":
-                found.append(entry.config.name)
+        found = [entry.config.name for entry in self._models.entries()
+                 if await kind_of(entry) == "embedding"]
         if len(found) != 1:
             raise InvalidRequestError(
                 "Name the store's embedding_model: this server serves "
@@ -74,6 +86,64 @@ class Embedders:
                    f"several ({', '.join(found)}); or set --vector-store-embedding-model"),
                 param="embedding_model")
         return found[0]
+
+
+class Rerankers:
+    """The served models a search re-scores its nearest chunks with (``ranking_options.
+    ranker``): those ``/v1/rerank`` takes, scored by the model's own rerank code
+    (``EmbeddingService.rerank``): a reranker by its head, an embedding model by the cosine
+    similarity of its own vectors. OpenAI's ``auto`` is the first reranker the server
+    serves (in ``--model`` order), or cosine alone when it serves none."""
+
+    def __init__(self, models: Models):
+        self._models = models
+        self._default: str | None = None
+        self._looked = False                    # for the default, once: models are fixed
+
+    async def pick(self, asked: str | None, param: str) -> str | None:
+        if asked == NO_RANKER:
+            return None
+        if asked is None:
+            return await self.default()
+        try:
+            entry = self._models.entry(asked)
+        except ModelNotFound:
+            raise InvalidRequestError(
+                f"No model {asked!r} is served here to rank with: the ranker is "
+                f"{NO_RANKER!r}, {' or '.join(map(repr, AUTO_RANKERS))} (the server's "
+                "reranker, if it serves one), or a served reranker or embedding model",
+                param=param) from None
+        await kind_of(entry)
+        try:
+            check_kind(entry, asked, RANK_KINDS)
+        except InvalidRequestError as exc:
+            exc.param = param
+            raise
+        return asked
+
+    async def default(self) -> str | None:
+        if not self._looked:
+            kinds = [(entry.config.name, await kind_of(entry))
+                     for entry in self._models.entries()]
+            self._default = next((name for name, kind in kinds if kind == "rerank"), None)
+            self._looked = True
+        return self._default
+
+    async def score(self, model: str, queries: list[str], documents: list[str]
+                    ) -> list[float]:
+        """Chunks longer than the model reads are cut (``truncate_prompt_tokens``)."""
+        best = [-math.inf] * len(documents)
+        entry = await self._models.acquire(model)
+        try:
+            for query in queries:
+                page = await entry.engine.embeddings.rerank(RerankRequest.model_validate(dict(
+                    model=model, query=query, documents=documents, truncate_prompt_tokens=-1)))
+                for result in page["results"]:
+                    i = result["index"]
+                    best[i] = max(best[i], result["relevance_score"])
+        finally:
+            self._models.release(entry)
+        return best
 
 
 def routes(app: FastAPI) -> None:
@@ -85,7 +155,7 @@ def routes(app: FastAPI) -> None:
     ingestor = Ingestor(store, app.state.file_store, embedders,
                         settings.response_lease_seconds)
     service = VectorStoresService(store, app.state.file_store, embedders, embedders.default,
-                                  ingestor.poke)
+                                  ingestor.poke, Rerankers(app.state.models))
     app.state.vector_stores = service
     app.state.vector_ingestor = ingestor
     app.state.responses.file_search = service

@@ -19,6 +19,10 @@ exact by construction. A file's chunks are written only while its replica holds 
 meanwhile makes the write, and every later one, a no-op), and a search sees chunks of
 ``completed`` files only: a file is seen whole or not at all. Ownership: every read and write
 the API makes filters by owner, so another key's store is as missing as one that never was.
+
+An expired store (``expires_at`` passed) keeps its row and its expiry (activity no longer
+moves it), but its files, their chunks and vectors are removed (``expire``, ``sweep``): it
+counts no files and no bytes, and its batches are cancelled.
 """
 
 from __future__ import annotations
@@ -106,6 +110,10 @@ def _dumps(value: Any) -> str | None:
 def _bump(db: sa.Connection, store_id: str) -> None:
     db.execute(sa.update(stores).where(stores.c.id == store_id).values(
         revision=stores.c.revision + 1))
+
+
+def _expired(now: float) -> Any:
+    return sa.and_(stores.c.expires_at.is_not(None), stores.c.expires_at <= now)
 
 
 def _drop_chunks(db: sa.Connection, store_id: str, file_id: str | None = None) -> None:
@@ -237,10 +245,44 @@ class VectorStoreStore:
 
     def _touch(self, store_id: str, now: int) -> None:
         s = stores.c
-        with self.engine.begin() as db:
-            db.execute(sa.update(stores).where(s.id == store_id).values(
+        with self.engine.begin() as db:     # an expired store stays expired
+            db.execute(sa.update(stores).where(s.id == store_id, ~_expired(now)).values(
                 last_active_at=now, expires_at=sa.case(
                     (s.expires_days.is_(None), None), else_=now + s.expires_days * 86400)))
+
+    async def expire(self, store_id: str, now: float) -> bool:
+        """If the store has expired, remove its files, their chunks and vectors, and cancel
+        its batches; whether there was anything to remove."""
+        return await self._run(self._expire, store_id, now)
+
+    def _expire(self, store_id: str, now: float) -> bool:
+        f, b = store_files.c, file_batches.c
+        with self.engine.begin() as db:
+            if db.execute(sa.select(stores.c.id).where(
+                    stores.c.id == store_id, _expired(now))).first() is None:
+                return False
+            if db.execute(sa.select(f.file_id).where(f.store_id == store_id).limit(1)
+                          ).first() is None:
+                return False
+            _drop_chunks(db, store_id)
+            db.execute(sa.delete(store_files).where(f.store_id == store_id))
+            db.execute(sa.update(file_batches).where(
+                b.store_id == store_id, b.status == "in_progress").values(status="cancelled"))
+            _bump(db, store_id)
+        return True
+
+    async def sweep(self, now: float, limit: int = 100) -> list[str]:
+        """``expire`` every expired store that still holds files (at most ``limit``); the
+        stores it emptied."""
+        return await self._run(self._sweep, now, limit)
+
+    def _sweep(self, now: float, limit: int) -> list[str]:
+        f = store_files.c
+        with self.engine.connect() as db:
+            found = list(db.execute(sa.select(stores.c.id).where(
+                _expired(now), sa.exists().where(f.store_id == stores.c.id)).limit(
+                limit)).scalars())
+        return [store_id for store_id in found if self._expire(store_id, now)]
 
     # -- files --------------------------------------------------------------------------
 
@@ -391,8 +433,8 @@ class VectorStoreStore:
     async def claim_file(self, replica: str, until: float, now: float
                          ) -> dict[str, Any] | None:
         """A file to ingest, held by ``replica`` until ``until``: one in progress that no
-        replica holds, or whose replica's lease lapsed (it died); with its store's
-        embedding model. Its chunks from an earlier attempt are removed."""
+        replica holds, or whose replica's lease lapsed (it died), of a store not expired;
+        with its store's embedding model. Its chunks from an earlier attempt are removed."""
         return await self._run(self._claim_file, replica, until, now)
 
     def _claim_file(self, replica: str, until: float, now: float) -> dict[str, Any] | None:
@@ -401,7 +443,7 @@ class VectorStoreStore:
                        sa.or_(f.lease_until.is_(None), f.lease_until < now))
         with self.engine.begin() as db:
             for row in db.execute(sa.select(store_files, s.embedding_model).join(
-                    stores, s.id == f.store_id).where(free).order_by(
+                    stores, s.id == f.store_id).where(free, ~_expired(now)).order_by(
                     f.created_at, f.file_id).limit(8)).all():
                 if db.execute(sa.update(store_files).where(
                         f.store_id == row.store_id, f.file_id == row.file_id, free).values(
@@ -435,20 +477,26 @@ class VectorStoreStore:
         return True
 
     async def finish_file(self, key: tuple[str, str], replica: str, status: str,
-                          usage: int, error: dict[str, Any] | None) -> bool:
+                          usage: int, error: dict[str, Any] | None,
+                          chunking: tuple[int, int] | None = None) -> bool:
         """End a file ``replica`` holds ``completed`` (its chunks seen by searches from this
-        commit) or ``failed`` (its chunks removed); False if it no longer holds it."""
-        return await self._run(self._finish_file, key, replica, status, usage, error)
+        commit; ``chunking``: the chunk size and overlap its chunks were cut with) or
+        ``failed`` (its chunks removed); False if it no longer holds it."""
+        return await self._run(self._finish_file, key, replica, status, usage, error,
+                               chunking)
 
     def _finish_file(self, key: tuple[str, str], replica: str, status: str, usage: int,
-                     error: dict[str, Any] | None) -> bool:
+                     error: dict[str, Any] | None, chunking: tuple[int, int] | None) -> bool:
         f = store_files.c
+        values: dict[str, Any] = dict(status=status, usage_bytes=usage,
+                                      last_error=_dumps(error), lease_owner=None,
+                                      lease_until=None)
+        if chunking is not None:
+            values.update(chunk_size=chunking[0], chunk_overlap=chunking[1])
         with self.engine.begin() as db:
             if not db.execute(sa.update(store_files).where(
                     f.store_id == key[0], f.file_id == key[1], f.status == "in_progress",
-                    f.lease_owner == replica).values(
-                    status=status, usage_bytes=usage, last_error=_dumps(error),
-                    lease_owner=None, lease_until=None)).rowcount:
+                    f.lease_owner == replica).values(**values)).rowcount:
                 return False
             if status == "completed":
                 _bump(db, key[0])

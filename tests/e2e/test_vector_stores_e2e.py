@@ -1,18 +1,25 @@
 """Vector stores and ``file_search`` on the real default model beside all-MiniLM-L6-v2, one
 ``podium serve`` of both, driven by the official openai SDK: files uploaded, a store made of
 them and ingested in the background, searched, then a Responses call that searches it and
-cites the right file. Then a replica killed (-9) mid-ingestion: the file is ingested after
-the restart."""
+cites the right file, and the OpenAI Agents SDK's ``FileSearchTool`` doing the same through
+an ``Agent`` (one server for the module). Then a replica killed (-9) mid-ingestion: the file
+is ingested after the restart; and two replicas on one PostgreSQL database (skipped, saying
+so in one line, without one): a file attached through one is ingested once, by one of
+them, and searched alike from both."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
+from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, podium_process, podium_serve
+from tests.store.conftest import postgres_url
 
 EMBED = "minilm"
 DOCS = {
@@ -29,12 +36,17 @@ ARGS = ("--model", MODEL, "--model", f"{EMBED}=all-minilm-l6-v2", "--ctx-size", 
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def server(tmp_path_factory):
     db = tmp_path_factory.mktemp("vs") / "podium.db"
     with podium_serve(*ARGS, "--store-url", f"sqlite:///{db}") as url:
-        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        yield sdk
-        sdk.close()
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    sdk = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    yield sdk
+    sdk.close()
 
 
 def upload(client: openai.OpenAI, name: str, text: str) -> str:
@@ -93,6 +105,43 @@ def test_a_response_searches_the_store_and_cites_the_file(client, store):
                                     if a.type == "file_citation"}
 
 
+def test_an_agent_with_file_search_answers_from_the_store(server, store):
+    """The Agents SDK's FileSearchTool on Podium's default model (its Responses model
+    pointed at Podium, tracing off): the run holds a completed file_search call with the
+    lighthouse's passage first, and an answer citing that file."""
+    agents = pytest.importorskip("agents")
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    made, ids = store
+    agents.set_tracing_disabled(True)
+
+    async def run() -> Any:
+        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused",
+                                      max_retries=0) as sdk:
+            agent = agents.Agent(
+                name="keeper", instructions="Answer from the files you search.",
+                model=OpenAIResponsesModel(MODEL, sdk),
+                tools=[agents.FileSearchTool(vector_store_ids=[made.id], max_num_results=2,
+                                             include_search_results=True)],
+                model_settings=agents.ModelSettings(tool_choice="file_search",
+                                                    temperature=0, max_tokens=400))
+            return await agents.Runner.run(agent, "Who keeps the lamp of the Harrow Point "
+                                                  "lighthouse?")
+    result = asyncio.run(run())
+    calls = [item.raw_item for item in result.new_items
+             if isinstance(item, agents.ToolCallItem)
+             and item.raw_item.type == "file_search_call"]
+    assert calls and all(call.status == "completed" and call.queries for call in calls)
+    assert calls[0].results and calls[0].results[0].file_id == ids["lighthouse.md"]
+    assert "Ada Morrow" in calls[0].results[0].text
+    [message] = [item.raw_item for item in result.new_items
+                 if isinstance(item, agents.MessageOutputItem)]
+    text = result.final_output
+    assert text and ("Ada" in text or "Morrow" in text), text
+    assert ids["lighthouse.md"] in {a.file_id for a in message.content[0].annotations
+                                    if a.type == "file_citation"}
+
+
 def test_an_ingestion_cut_by_kill_9_completes_after_the_restart(tmp_path):
     db = f"sqlite:///{tmp_path / 'podium.db'}"
     args = (*ARGS, "--store-url", db, "--response-lease-seconds", "3")
@@ -115,3 +164,38 @@ def test_an_ingestion_cut_by_kill_9_completes_after_the_restart(tmp_path):
         found = list(sdk.vector_stores.search(store_id, query="lighthouse keeper"))
         assert found and found[0].file_id == file_id
         sdk.close()
+
+
+def embedded(url: str) -> int:
+    """Inputs the replica's embedding model embedded (0 while it is not loaded)."""
+    return httpx.get(f"{url}/health").json().get("engine", {}).get("requests", 0)
+
+
+@pytest.fixture
+def database():
+    yield from postgres_url()               # skips, saying so, without PostgreSQL
+
+
+def test_two_replicas_on_postgresql_ingest_a_file_once_and_both_search_it(database):
+    args = ("--model", f"{EMBED}=all-minilm-l6-v2", "--store-url", database,
+            "--response-lease-seconds", "3", "--log-level", "warning")
+    text = " ".join(f"Note {i}: the harbor light at pier {i} is lit by keeper number {i}."
+                    for i in range(120)) + " The foghorn at Harrow Point sounds every "\
+        "thirty seconds when the fog rolls in."
+    with podium_serve(*args) as a, podium_serve(*args) as b, \
+            openai.OpenAI(base_url=f"{a}/v1", api_key="unused", max_retries=0) as sdk_a, \
+            openai.OpenAI(base_url=f"{b}/v1", api_key="unused", max_retries=0) as sdk_b:
+        file_id = upload(sdk_a, "harbor.txt", text)
+        store_id = sdk_a.vector_stores.create(file_ids=[file_id]).id
+        done = settled(sdk_b, store_id)                 # seen through the other replica
+        assert done.file_counts.completed == 1 and done.usage_bytes > 0
+        pieces = list(sdk_b.vector_stores.files.content(file_id, vector_store_id=store_id))
+        assert len(pieces) > 3
+        assert embedded(a) + embedded(b) == len(pieces)     # one replica embedded each chunk
+        found = [list(sdk.vector_stores.search(store_id, query="How often does the foghorn "
+                                                            "sound?", max_num_results=3))
+                 for sdk in (sdk_a, sdk_b)]
+        assert [(r.file_id, r.content[0].text) for r in found[0]] == \
+            [(r.file_id, r.content[0].text) for r in found[1]]
+        assert "foghorn" in found[0][0].content[0].text
+        assert [r.score for r in found[0]] == pytest.approx([r.score for r in found[1]])

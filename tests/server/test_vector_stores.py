@@ -11,8 +11,10 @@ import time
 import numpy as np
 import openai
 import pytest
+import sqlalchemy as sa
 from starlette.testclient import TestClient
 
+from podium.api import vector_ingest
 from podium.api.vector_ingest import Ingestor, chunk_text, counter
 from podium.api.vector_stores import Scan
 from podium.engine.base import ModelInfo
@@ -23,13 +25,13 @@ from podium.models import ModelConfig
 from podium.server.app import create_app
 from podium.settings import Settings
 from podium.store.files import FileStore
-from podium.store.vector_stores import VectorStoreStore
+from podium.store.vector_stores import VectorStoreStore, chunks
 from tests.conftest import SERVED
 from tests.server.responses_check import check_stream, sse_events
 from tests.server.test_files import db_url  # noqa: F401 - the fixture (sqlite, postgresql)
 from tests.server.test_mcp import call
 
-EMBED = "minilm"
+EMBED, RANK = "minilm", "keyword-rank"
 DOCS = {
     "lighthouse.md": "# The Harrow Point lighthouse\n\nThe lighthouse at Harrow Point was "
                      "built in 1871 and its lamp is kept by Ada Morrow.",
@@ -38,6 +40,25 @@ DOCS = {
     "tax.md": "Quarterly tax filings are due on the fifteenth day after the quarter ends; "
               "late filings pay a penalty of two percent.",
 }
+
+
+class KeywordReranker:
+    """A reranker whose head likes one word: a document holding it scores 0.9, any other
+    0.2 (an order cosine similarity does not give). It reads with MiniLM's tokenizer."""
+
+    kind, pair_overhead = "rerank", 0
+
+    def __init__(self, embedder: LlamaEmbedder, word: str):
+        self.tokenizer, self.info, self.word = embedder.tokenizer, embedder.info, word
+        self.queries: list[str] = []
+
+    async def score(self, query: list[int], documents: list[list[int]], priority: int = 0
+                    ) -> list[float]:
+        self.queries.append(self.tokenizer.decode(query))
+        return [0.9 if self.word in self.tokenizer.decode(d) else 0.2 for d in documents]
+
+    async def aclose(self) -> None:
+        pass
 
 
 def minilm() -> LlamaEmbedder:
@@ -55,15 +76,20 @@ def embedder():
 def app_for(tokenizer, chat_template, db_url):  # noqa: F811
     clients: list[TestClient] = []
 
-    def build(replies=("Hi.",), **settings) -> TestClient:
+    def build(replies=("Hi.",), reranker: str | None = None, **settings) -> TestClient:
+        """``reranker``: a word; a ``KeywordReranker`` of it is served as RANK."""
         settings.setdefault("store_url", db_url)
         server = Settings(**settings)
         chat = ScriptedEngine(tokenizer, ModelInfo(SERVED, 4096, chat_template, 0),
                               list(replies))
-        app = create_app(server, [ModelConfig(SERVED, pinned=True, source=server),
-                                  ModelConfig(EMBED, pinned=True, kind="embedding",
-                                              source=server)],
-                         loaded={SERVED: chat, EMBED: minilm()})   # the app closes it
+        embed = minilm()
+        configs = [ModelConfig(SERVED, pinned=True, source=server),
+                   ModelConfig(EMBED, pinned=True, kind="embedding", source=server)]
+        loaded = {SERVED: chat, EMBED: embed}       # the app closes them
+        if reranker is not None:
+            configs.append(ModelConfig(RANK, pinned=True, kind="rerank", source=server))
+            loaded[RANK] = KeywordReranker(embed, reranker)
+        app = create_app(server, configs, loaded=loaded)
         client = TestClient(app, raise_server_exceptions=False)
         client.__enter__()
         client.engine = chat            # type: ignore[attr-defined]
@@ -156,7 +182,7 @@ def test_files_batches_content_and_deletes(docs):
     assert {f.id for f in files} == set(ids.values())
     one = client.vector_stores.files.retrieve(ids["tax.md"], vector_store_id=store.id)
     assert one.status == "completed" and one.last_error is None and one.usage_bytes > 0
-    assert one.chunking_strategy.static.max_chunk_size_tokens == 800
+    assert one.chunking_strategy.static.max_chunk_size_tokens == 248     # MiniLM reads 256
     content = list(client.vector_stores.files.content(ids["tax.md"], vector_store_id=store.id))
     assert "".join(c.text for c in content) == DOCS["tax.md"]
     [batch_file] = [f for f in client.vector_stores.files.list(store.id, filter="completed")
@@ -171,6 +197,37 @@ def test_files_batches_content_and_deletes(docs):
     assert client.vector_stores.delete(store.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.vector_stores.retrieve(store.id)
+
+
+def test_files_show_the_chunking_their_chunks_are_cut_with(app_for):
+    """Chunks are cut to what the embedding model reads (MiniLM: 256 tokens, 8 left for its
+    markers): a file shows the sizes used, from its attaching, not the sizes asked."""
+    client = sdk(app_for())
+    a, b, c, d = (upload(client, f"{n}.txt", DOCS["tax.md"]) for n in "abcd")
+    store = client.vector_stores.create(file_ids=[a])       # auto: OpenAI's 800 / 400
+
+    def chunking(file_id: str) -> tuple[int, int]:
+        found = client.vector_stores.files.retrieve(file_id, vector_store_id=store.id)
+        static = found.chunking_strategy.static
+        return static.max_chunk_size_tokens, static.chunk_overlap_tokens
+
+    def static(size: int, overlap: int) -> dict:
+        return {"type": "static", "static": {"max_chunk_size_tokens": size,
+                                             "chunk_overlap_tokens": overlap}}
+    made = client.vector_stores.files.create(store.id, file_id=b,
+                                             chunking_strategy=static(1000, 100))
+    assert made.chunking_strategy.static.max_chunk_size_tokens == 248
+    client.vector_stores.file_batches.create(store.id, files=[
+        {"file_id": c, "chunking_strategy": static(200, 100)}])
+    client.vector_stores.file_batches.create(store.id, file_ids=[d],
+                                             chunking_strategy=static(4000, 2000))
+    want = {a: (248, 124), b: (248, 100), c: (200, 100), d: (248, 124)}
+    assert {f: chunking(f) for f in want} == want
+    assert settled(client, store.id).file_counts.completed == 4
+    assert {f: chunking(f) for f in want} == want
+    listed = {f.id: f.chunking_strategy.static.max_chunk_size_tokens
+              for f in client.vector_stores.files.list(store.id)}
+    assert listed == {f: size for f, (size, _) in want.items()}
 
 
 def test_files_that_cannot_be_read_fail_with_the_reason(app_for):
@@ -211,6 +268,8 @@ def test_another_keys_stores_are_missing(app_for):
     ({"query": "x", "filters": {"type": "eq", "key": "k", "value": {"a": 1}}},
      "filters.value"),
     ({"query": "x", "ranking_options": {"ranker": "mine"}}, "ranking_options.ranker"),
+    ({"query": "x", "ranking_options": {"hybrid_search": {
+        "embedding_weight": 1, "text_weight": 1}}}, "ranking_options.hybrid_search"),
 ])
 def test_bad_searches_are_400s_naming_the_parameter(app_for, body, param):
     http = app_for()
@@ -336,6 +395,7 @@ def test_a_file_whose_replica_died_is_ingested_by_another(embedder, tmp_path):
         assert await ingestor.turn()
         row = await store.get_file(*key, "o")
         assert row["status"] == "completed"
+        assert (row["chunk_size"], row["chunk_overlap"]) == (248, 124)  # as MiniLM reads
         assert await store.file_chunks(*key, 10) == ["a lighthouse keeper"]
         sql.engine.dispose()
     asyncio.run(go())
@@ -419,3 +479,143 @@ def test_file_search_stores_are_checked_before_the_model_runs(app_for):
                                                   "vector_store_ids": [store.id]}]})
     assert r.status_code == 400 and "No vector store" in r.json()["error"]["message"]
     assert not http.engine.requests          # the model never ran
+
+
+# -- ranking_options.ranker -----------------------------------------------------------------
+
+LAMP = "Who keeps the lamp of the lighthouse?"
+
+
+def _search(http: TestClient, store_id: str, **body) -> list[dict]:
+    r = http.post(f"/v1/vector_stores/{store_id}/search", json={"query": LAMP, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
+
+
+def test_the_served_reranker_re_scores_a_search(app_for):
+    http = app_for(reranker="soup")
+    client, store, ids = ingested(http)
+    cosine = _search(http, store.id, ranking_options={"ranker": "none"})
+    assert cosine[0]["file_id"] == ids["lighthouse.md"]
+    soup_cosine = next(r["score"] for r in cosine if r["file_id"] == ids["soup.txt"])
+    assert soup_cosine < 0.5
+    for options in (None, {"ranker": "auto"}, {"ranker": "default-2024-11-15"},
+                    {"ranker": RANK}):
+        found = _search(http, store.id, **({"ranking_options": options} if options else {}))
+        assert [(r["file_id"], r["score"]) for r in found] == [
+            (ids["soup.txt"], 0.9), *[(f, 0.2) for f in (r["file_id"] for r in cosine)
+                                      if f != ids["soup.txt"]]], options
+    rank_engine = http.app.state.models.entry(RANK).engine.engine
+    assert rank_engine.queries[-1].split() == "who keeps the lamp of the lighthouse ?".split()
+    # score_threshold bounds the reranker's score, not the cosine that found the chunk
+    kept = _search(http, store.id, ranking_options={"score_threshold": 0.5})
+    assert [r["file_id"] for r in kept] == [ids["soup.txt"]]
+    sdk_kept = client.vector_stores.search(store.id, query=LAMP, max_num_results=1,
+                                           ranking_options={"ranker": "auto"})
+    assert [r.file_id for r in sdk_kept] == [ids["soup.txt"]]
+
+
+def test_an_embedding_model_ranks_as_v1_rerank_scores(app_for):
+    http = app_for(reranker="soup")
+    _, store, ids = ingested(http)
+    found = _search(http, store.id, ranking_options={"ranker": EMBED})
+    texts = [r["content"][0]["text"] for r in found]
+    rerank = http.post("/v1/rerank", json={"model": EMBED, "query": LAMP,
+                                            "documents": texts}).json()["results"]
+    want = {texts[r["index"]]: r["relevance_score"] for r in rerank}
+    assert [(r["content"][0]["text"], r["score"]) for r in found] == \
+        sorted(want.items(), key=lambda kv: -kv[1])
+    assert found[0]["file_id"] == ids["lighthouse.md"]
+
+
+@pytest.mark.parametrize("ranker", ["nope", SERVED])
+def test_a_ranker_that_names_no_served_reranker_is_a_400(app_for, ranker):
+    http = app_for([SEARCH, ANSWER], reranker="soup")
+    store = sdk(http).vector_stores.create()
+    r = http.post(f"/v1/vector_stores/{store.id}/search",
+                  json={"query": "x", "ranking_options": {"ranker": ranker}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ranking_options.ranker"
+    assert repr(ranker) in r.json()["error"]["message"]
+    r = http.post("/v1/responses", json={"model": SERVED, "input": "x", "tools": [{
+        "type": "file_search", "vector_store_ids": [store.id],
+        "ranking_options": {"ranker": ranker}}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tools[0].ranking_options.ranker"
+    assert not http.engine.requests          # the model never ran
+
+
+def test_file_search_ranks_with_the_tools_ranking_options(app_for):
+    http = app_for([SEARCH, ANSWER, SEARCH, ANSWER, SEARCH, ANSWER], reranker="soup")
+    _, store, ids = ingested(http)
+
+    def results(**options) -> list[tuple[str, float]]:
+        tool = {"type": "file_search", "vector_store_ids": [store.id], **options}
+        r = http.post("/v1/responses", json={"model": SERVED, "input": "Who keeps the lamp?",
+                                             "tools": [tool],
+                                             "include": ["file_search_call.results"]})
+        assert r.status_code == 200, r.text
+        return [(x["file_id"], x["score"]) for x in r.json()["output"][0]["results"]]
+    assert results()[0] == (ids["soup.txt"], 0.9)
+    assert results(ranking_options={"ranker": "none"})[0][0] == ids["lighthouse.md"]
+    assert results(ranking_options={"ranker": "auto", "score_threshold": 0.5}) == [
+        (ids["soup.txt"], 0.9)]
+
+
+# -- expiry ---------------------------------------------------------------------------------
+
+def _expire_now(http: TestClient, store_id: str) -> None:
+    """The store's expiry moved to a second ago, as the days passing would."""
+    with http.app.state.store.engine.begin() as db:
+        db.execute(sa.text("UPDATE podium_vector_stores SET expires_days = 1, expires_at = :t "
+                           "WHERE id = :id"), {"t": int(time.time()) - 1, "id": store_id})
+
+
+def _chunk_rows(http: TestClient, store_id: str) -> int:
+    with http.app.state.store.engine.connect() as db:
+        return db.execute(sa.select(sa.func.count()).select_from(chunks).where(
+            chunks.c.store_id == store_id)).scalar()
+
+
+def test_an_expired_store_is_emptied_and_refuses_searches(app_for):
+    http = app_for()
+    client, store, ids = ingested(http)
+    assert _chunk_rows(http, store.id) == 3
+    _expire_now(http, store.id)
+    expired = client.vector_stores.retrieve(store.id)
+    assert expired.status == "expired" and expired.usage_bytes == 0
+    assert expired.file_counts.total == 0 and expired.file_counts.completed == 0
+    assert _chunk_rows(http, store.id) == 0          # pruned from the database
+    assert [s.status for s in client.vector_stores.list()] == ["expired"]
+    assert list(client.vector_stores.files.list(store.id)) == []
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.vector_stores.search(store.id, query="lighthouse")
+    assert refused.value.body["param"] == "vector_store_id"
+    assert "expired" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.vector_stores.files.create(store.id, file_id=ids["tax.md"])
+    with pytest.raises(openai.BadRequestError) as refused:      # it cannot be revived
+        client.vector_stores.update(store.id, expires_after={"anchor": "last_active_at",
+                                                             "days": 7})
+    assert refused.value.body["param"] == "expires_after"
+    renamed = client.vector_stores.update(store.id, name="old")
+    assert renamed.name == "old" and renamed.status == "expired"
+    r = http.post("/v1/responses", json={"model": SERVED, "input": "x", "tools": [{
+        "type": "file_search", "vector_store_ids": [store.id]}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tools[0].vector_store_ids[0]"
+    assert client.vector_stores.delete(store.id).deleted
+
+
+def test_the_ingestor_sweeps_expired_stores_unread(app_for, monkeypatch):
+    monkeypatch.setattr(vector_ingest, "SWEEP_SECONDS", 0.05)
+    http = app_for()
+    client, store, ids = ingested(http)
+    assert _chunk_rows(http, store.id) == 3
+    _expire_now(http, store.id)
+    deadline = time.monotonic() + 10
+    while _chunk_rows(http, store.id):          # nothing reads the store meanwhile
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with http.app.state.store.engine.connect() as db:
+        assert db.execute(sa.text("SELECT count(*) FROM podium_vector_store_files WHERE "
+                                  "store_id = :id"), {"id": store.id}).scalar() == 0

@@ -155,3 +155,40 @@ def test_pages_by_id_both_ways(open_store):
         rows, more = await store.page("o", "vs_1", "vs_4", 10, "asc")
         assert [r["id"] for r in rows] == ["vs_2", "vs_3"]
     asyncio.run(go())
+
+
+def test_an_expired_store_is_emptied_and_stays_expired(open_store):
+    """Once its expiry passes, a store's files, chunks and vectors go (a sweep of every
+    expired store, or one store as it is read), its batches are cancelled, its files are no
+    longer claimed for ingestion, and activity no longer moves its expiry."""
+    async def go():
+        store = _store(open_store)
+        await _make(store, "vs_1", files=("file-a",))
+        await _make(store, "vs_2", files=("file-c",))
+        now = time.time()
+        a = await store.claim_file("A", now + 30, now)
+        key = (a["store_id"], a["file_id"])
+        assert await store.add_chunks(key, "A", now + 30, [(0, "zero", _vec(1, 0))])
+        assert await store.finish_file(key, "A", "completed", 12, None)
+        await store.add_files([_file(key[0], "file-b", batch_id="vsfb_1")],
+                              dict(id="vsfb_1", store_id=key[0], owner="o",
+                                   status="in_progress", created_at=int(now)))
+        other = "vs_2" if key[0] == "vs_1" else "vs_1"
+        for store_id in ("vs_1", "vs_2"):
+            await store.update(store_id, "o", {"expires_days": 1, "expires_at": int(now) - 1})
+        revision = await store.revision(key[0])
+        assert await store.claim_file("B", now + 30, now) is None   # expired: not ingested
+        await store.touch(key[0], int(now))
+        assert (await store.get(key[0], "o"))["expires_at"] == int(now) - 1
+        assert await store.expire(other, now)                 # one store, as it is read
+        assert sorted(await store.sweep(now)) == [key[0]]     # the rest, swept
+        assert await store.sweep(now) == [] and not await store.expire(key[0], now)
+        stats = await store.stats(["vs_1", "vs_2"])
+        assert stats == {"vs_1": ({}, 0), "vs_2": ({}, 0)}
+        assert await store.file_chunks(*key, 10) == []
+        assert (await store.vectors(key[0]))[1:] == ([], [])
+        assert await store.revision(key[0]) == revision + 1
+        row, counts = await store.get_batch(key[0], "vsfb_1", "o")
+        assert row["status"] == "cancelled" and counts == {}
+        assert await store.get(key[0], "o") is not None       # the store itself stays
+    asyncio.run(go())
