@@ -32,13 +32,17 @@ _AT_HEAD, _IN_STRING, _DONE, _OFF = range(4)
 def call_input(arguments: str) -> str:
     """The input a call's whole ``arguments`` carry: the string under ``input`` when they
     are a JSON object that has one (raw control characters allowed, as a small model
-    writes them), else the arguments as written."""
+    writes them); nothing when they are ``{}`` or ``{"input": null}`` (a call the token
+    limit cut before its input began, closed as valid JSON); else the arguments as
+    written."""
     try:
         value = json.loads(arguments, strict=False)
     except ValueError:
         return arguments
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return _whole(value["input"])
+    if value == {} or value == {"input": None}:
+        return ""
     return arguments
 
 

@@ -258,6 +258,14 @@ def test_other_shapes_come_whole_at_the_end(arguments, said, value):
     assert decoder.rest(value) == ("" if said else value)     # never what was not said
 
 
+def test_a_call_cut_before_its_input_began_has_no_input():
+    """The token limit cut a forced custom call before ``"input": "`` (the parser closes
+    it as ``{}`` or ``{"input": null}``): its input is empty, not that JSON."""
+    for closed in ("{}", '{"input": null}', ' { } '):
+        assert call_input(closed) == "" and CustomInput().result(closed) == ""
+    assert call_input('{"patch": 1}') == '{"patch": 1}'       # another shape: as written
+
+
 def test_a_cut_call_keeps_what_was_decoded_and_lone_surrogates_are_replaced():
     decoder = CustomInput()
     assert decoder.feed('{"input": "half a pat') == "half a pat"
