@@ -112,6 +112,8 @@ def restored(url: str, body: dict, cch: str, cold: float, label: str,
     loaded = load_seconds(url)
     out = stream(url, with_cch(body, cch))
     load = load_seconds(url) - loaded
+    # the server's own figures (a new cache came with the load: these are this restore's)
+    own = httpx.get(f"{url}/health", timeout=60).json()["models"][MODEL].get("prompt_cache", {})
     repeat = stream(url, with_cch(body, cch + "1"))
     seconds = out["first_delta"] - load - repeat["first_delta"]
     if evicts is not None:
@@ -124,6 +126,10 @@ def restored(url: str, body: dict, cch: str, cold: float, label: str,
           f"({out['first_delta'] / cold:.3f} of cold), cache_read_input_tokens "
           f"{out['usage']['cache_read_input_tokens']:,}; load {load:.2f} s, the tail from a "
           f"slot {repeat['first_delta']:.2f} s, so {rest}")
+    read, into = own.get("read_seconds", 0.0), own.get("restore_seconds", 0.0)
+    if read and size:
+        print(f"  the server's figures: entry read and checked {read:.3f} s "
+              f"({size / read / 1e6:,.0f} MB/s), copied into llama.cpp {into:.3f} s")
     return out
 
 
