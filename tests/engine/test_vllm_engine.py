@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from podium.engine.base import EngineRequest, SamplingParams  # noqa: E402
+from podium.engine.base import CacheHint, EngineRequest, SamplingParams  # noqa: E402
 from podium.engine.vllm.engine import VllmEngine  # noqa: E402
 
 _ids = itertools.count()
@@ -129,6 +129,25 @@ def test_the_prefix_cache_is_counted_in_kv_tokens_when_idle(engine):
     assert engine.stats["running"] == 0
     assert engine.stats["kv_tokens"] >= 256                 # whole 128-token blocks kept
     assert engine.stats["kv_tokens"] <= engine.stats["kv_capacity"]
+
+
+def test_what_a_request_wrote_to_the_prefix_cache_is_reported_up_to_its_breakpoint(engine):
+    """vLLM's own count of a request's prefix-cache writes is its ``cache_written`` (first
+    output only), no more than a client's breakpoint marks; the same prompt again reads
+    them (``cached_tokens``) and writes none."""
+    text = " ".join(f"Rule {i}: lighthouses keep their lamps lit at night." for i in range(30))
+    first = request(engine, text, max_tokens=2)
+    first.cache = CacheHint(until=len(first.prompt_token_ids) - 1)
+    outs = run(engine, first)
+    assert 0 < outs[0].cache_written <= len(first.prompt_token_ids) - 1
+    assert all(o.cache_written == 0 for o in outs[1:])
+    marked = request(engine, "Another question. " + text, max_tokens=2)
+    marked.cache = CacheHint(until=20)                  # a breakpoint early in the prompt
+    assert run(engine, marked)[0].cache_written <= 20
+    again = request(engine, text, max_tokens=2)
+    again.cache = CacheHint(until=len(again.prompt_token_ids) - 1)
+    outs = run(engine, again)
+    assert outs[0].cached_tokens > 0 and outs[0].cache_written == 0
 
 
 # ---- a cross-encoder (reranker) on vLLM's classify pooling ----------------------------------

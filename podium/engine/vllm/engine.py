@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podium.engine.base import (ENGINE_STATS, Capabilities, Engine, EngineOutput, EngineRequest,
-                                EngineStats, FinishReason, ModelInfo, TokenLogprob)
+from podium.engine.base import (ENGINE_STATS, CacheHint, Capabilities, Engine, EngineOutput,
+                                EngineRequest, EngineStats, FinishReason, ModelInfo,
+                                TokenLogprob)
 from podium.engine.jobs import Job, JobOutputs
 from podium.engine.vllm.tokenizer import HfTokenizer
 from podium.errors import EngineError, InvalidRequestError, Overloaded
@@ -461,7 +462,8 @@ class VllmEngine:
             result = EngineOutput(
                 ids, logprobs, finish, prompt_lp,
                 stopped_by_token=finish == "stop" and bool(ids) and ids[-1] in stops,
-                cached_tokens=(out.num_cached_tokens or 0) if first else 0)
+                cached_tokens=(out.num_cached_tokens or 0) if first else 0,
+                cache_written=_written(out, req.cache) if first else 0)
             first = False
             job.seen += ids
             with self._lock:
@@ -527,6 +529,16 @@ def architecture(model_type: str) -> str:
     """A Hugging Face ``model_type`` as the GGUF architecture name Podium's detection reads
     (``gpt_oss`` is ``gpt-oss``: Harmony; ``qwen3_moe`` is ``qwen3moe``)."""
     return {"gpt_oss": "gpt-oss"}.get(model_type, model_type.replace("_", ""))
+
+
+def _written(out: Any, hint: CacheHint | None) -> int:
+    """What a request added to vLLM's prefix cache, as ``EngineOutput.cache_written``: the
+    prompt tokens vLLM counts as its prefix-cache writes for it (whole blocks; a vLLM before
+    0.32 says nothing: 0), no more than a client's breakpoint marks (``hint.until``)."""
+    written = getattr(out, "num_cache_creation_tokens", None) or 0
+    if hint is not None and hint.until is not None:
+        written = min(written, max(0, hint.until - (out.num_cached_tokens or 0)))
+    return written
 
 
 def _token_logprob(token: int, position: dict[int, Any], k: int) -> TokenLogprob:
